@@ -1,0 +1,10 @@
+"""attngen: attention kernels generated from a spec language, tuned per GPU."""
+
+from attngen import env as _env
+
+_env.setup_interpreter()  # before anything imports triton
+
+from attngen._version import __version__  # noqa: E402
+from attngen.runtime.api import attention  # noqa: E402
+
+__all__ = ["__version__", "attention"]

@@ -1,0 +1,1 @@
+"""spec -> Triton source. Only this package imports jinja2."""

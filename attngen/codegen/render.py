@@ -1,0 +1,83 @@
+"""Render one KernelSpec into Triton source with the Jinja templates in ``templates/``."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jinja2
+
+from attngen import env
+from attngen._version import __version__
+from attngen.codegen.naming import FAMILY_TEMPLATES, sha256
+from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
+
+
+class CodegenError(RuntimeError):
+    pass
+
+
+@functools.lru_cache(maxsize=None)
+def _environment(root: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(root),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+        autoescape=False,
+    )
+
+
+def template_name(spec: KernelSpec) -> str:
+    try:
+        return FAMILY_TEMPLATES[spec.family]
+    except KeyError:
+        raise CodegenError(f"no template for kernel family {spec.family!r}") from None
+
+
+def template_hash(spec: KernelSpec, root: Path | None = None) -> str:
+    """Hash of the family template and every shared partial ("_*.jinja") it may include."""
+    root = root or env.templates_dir()
+    names = [template_name(spec), *sorted(p.name for p in root.glob("_*.jinja"))]
+    return sha256("\n".join(f"{n}\n{(root / n).read_text()}" for n in names))[:16]
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def kernel_spec_repr(spec: KernelSpec) -> str:
+    fields = ", ".join(f"{k}={v!r}" for k, v in spec.as_dict().items())
+    return f"dict({fields})"
+
+
+def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> dict:
+    root = root or env.templates_dir()
+    stamp = {
+        "version": __version__,
+        "uri": spec.uri,
+        "family": spec.family,
+        "sources": list(sources),
+        "template": f"templates/{template_name(spec)}",
+        "template_hash": template_hash(spec, root),
+        "kernel_spec": kernel_spec_repr(spec),
+    }
+    return {
+        "spec": spec,
+        "stamp": stamp,
+        "pad_qk": next_pow2(spec.head_dim_qk),
+        "pad_v": next_pow2(spec.head_dim_v),
+        "kernel_spec_repr": kernel_spec_repr(spec),
+    }
+
+
+def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> str:
+    """Source of the module for `spec`. `sources` ("file#entry (sha256 ...)") go in the header."""
+    if spec.dtype not in IMPLEMENTED_DTYPES:
+        raise CodegenError(f"{spec.uri}: {spec.dtype} kernels are not implemented yet "
+                           f"(implemented: {', '.join(IMPLEMENTED_DTYPES)})")
+    root = root or env.templates_dir()
+    tmpl = _environment(str(root)).get_template(template_name(spec))
+    text = tmpl.render(**template_context(spec, sources, root))
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -1,0 +1,56 @@
+"""Running generated kernels on CPU tensors through Triton's interpreter.
+
+Triton 3.6's interpreter stores bf16 values as raw uint16 and its ``tl.dot`` multiplies those bit
+patterns as integers, so any bf16 dot is wrong there (fp16/fp32/fp8 dots are right). The patch
+below converts bf16 dot operands to fp32 first -- the same math the tensor cores do (bf16 products
+are exact in fp32, accumulation in fp32). It touches only the interpreter's ``create_dot`` and is
+applied by the runtime before running a kernel through the interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+_PATCHED = False
+
+
+def bf16_dot_is_broken() -> bool:
+    """True when the interpreter's dot mishandles bf16 (the test suite asserts the patch fixes it)."""
+    from triton.runtime import interpreter as ti
+
+    return getattr(ti.InterpreterBuilder.create_dot, "_attngen_patched", False) is False
+
+
+def patch_bf16_dot() -> None:
+    global _PATCHED
+    if _PATCHED:
+        return
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    original = ti.InterpreterBuilder.create_dot
+
+    @functools.wraps(original)
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
+            a = _bf16_to_f32(a)
+            b = _bf16_to_f32(b)
+        return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    create_dot._attngen_patched = True
+    ti.InterpreterBuilder.create_dot = create_dot
+    _PATCHED = True
+
+
+def _bf16_to_f32(h):
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    if h.dtype.scalar != tl.bfloat16:
+        return h
+    bits = h.data.astype(np.uint32) << 16  # bf16 is the top half of an fp32
+    return ti.TensorHandle(bits.view(np.float32), tl.float32)
+
+

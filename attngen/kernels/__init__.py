@@ -1,0 +1,1 @@
+"""Launchers: tensors + a loaded generated module + a config -> kernel launches."""

@@ -1,0 +1,2 @@
+"""Runtime: pick a generated kernel for a call, load it, launch it. Never imports jinja2 or optuna
+unless a kernel has to be rendered on demand."""

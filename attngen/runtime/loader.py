@@ -1,0 +1,82 @@
+"""Find and import the generated module for a KernelSpec.
+
+Order: the built kernels in generated/ (through manifest.json, no jinja2 needed), then the per-user
+cache, rendering the module there from the templates when it is missing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from attngen import env
+from attngen.spec import KernelSpec
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _manifest(gen_dir: str) -> dict:
+    path = Path(gen_dir) / "manifest.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("kernels", {})
+
+
+def built_module_path(spec: KernelSpec) -> Path | None:
+    gen = env.generated_dir()
+    ent = _manifest(str(gen)).get(spec.uri)
+    if ent is None:
+        return None
+    path = gen / ent["file"]
+    return path if path.exists() else None
+
+
+def cached_module_path(spec: KernelSpec) -> Path:
+    """Render `spec` into the user cache (written only when the content changes)."""
+    from attngen.codegen.naming import module_filename  # light
+    from attngen.codegen.render import render  # imports jinja2: only on this path
+
+    source = render(spec)
+    cache = env.cache_dir() / "kernels"
+    cache.mkdir(parents=True, exist_ok=True)
+    path = cache / module_filename(spec.uri, source)
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(dir=cache, prefix=".tmp-", suffix=".py")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(source)
+        os.replace(tmp, path)
+    return path
+
+
+def module_path(spec: KernelSpec) -> Path:
+    return built_module_path(spec) or cached_module_path(spec)
+
+
+@functools.lru_cache(maxsize=None)
+def _import(path: str) -> ModuleType:
+    name = f"attngen_kernels.{Path(path).stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+@functools.lru_cache(maxsize=None)
+def load(spec: KernelSpec) -> ModuleType:
+    """The generated module for `spec`, imported once per process."""
+    with _lock:
+        return _import(str(module_path(spec)))
+
+
+def load_path(path: str | Path) -> ModuleType:
+    with _lock:
+        return _import(str(path))

@@ -1,0 +1,399 @@
+"""The attngen spec language: YAML files in ``specs/`` -> validated, frozen spec objects.
+
+Two levels:
+
+* :class:`SpecEntry` is one ``kernels:`` entry of a YAML file, as the user wrote it (model-level
+  defaults such as the window width, softcap value and softmax scale live here).
+* :class:`KernelSpec` is one concrete kernel: an entry expanded over dtype x target x family. It holds
+  only what changes the *structure* of the generated code; it is the one object that travels through
+  codegen, tuning, the database and the runtime. Values that only change numbers (window width,
+  softcap value, scale, sequence lengths, causal alignment) are launch-time arguments.
+
+This module validates and nothing else: no Jinja, no Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MASKS = ("none", "causal", "sliding_window", "document")
+INNER_MASKS = ("none", "causal", "sliding_window")  # what a KernelSpec's mask can be
+ALIGNMENTS = ("bottom_right", "top_left")
+DTYPES = ("fp16", "bf16", "fp8_e4m3")
+TARGETS = ("sm80", "sm90")
+FAMILIES = ("fwd", "bwd")
+IMPLEMENTED_DTYPES = ("fp16", "bf16")  # fp8 kernels arrive with the FP8 family
+MAX_HEAD_DIM = 256
+MIN_HEAD_DIM = 16
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+
+
+class SpecError(ValueError):
+    """One or more problems in a spec file; each line names the file, the entry and the field."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One concrete kernel. Equal specs generate byte-identical code."""
+
+    family: str  # "fwd" | "bwd"
+    dtype: str  # "fp16" | "bf16" | "fp8_e4m3"
+    target: str  # "sm80" | "sm90"
+    head_dim_qk: int
+    head_dim_v: int
+    gqa_ratio: int  # query heads per KV head
+    mask: str  # "none" | "causal" | "sliding_window" (inside each document when varlen)
+    softcap: bool = False  # tanh softcapping code present
+    varlen: bool = False  # packed documents addressed through cu_seqlens
+
+    def __post_init__(self) -> None:
+        problems = _check_kernel_spec(self)
+        if problems:
+            raise ValueError("invalid KernelSpec: " + "; ".join(problems))
+
+    @property
+    def uri(self) -> str:
+        """Readable name: family, dtype, head dims, GQA, mask, target (no hash)."""
+        hd = f"hd{self.head_dim_qk}" if self.head_dim_qk == self.head_dim_v else (
+            f"hd{self.head_dim_qk}x{self.head_dim_v}")
+        mask = {"none": "full", "causal": "causal", "sliding_window": "swa"}[self.mask]
+        if self.varlen:
+            mask = f"doc_{mask}"
+        parts = ["attn", self.family, self.dtype, hd, f"gqa{self.gqa_ratio}", mask]
+        if self.softcap:
+            parts.append("softcap")
+        parts.append(self.target)
+        return "_".join(parts)
+
+    def replace(self, **changes: Any) -> "KernelSpec":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_kernel_spec(k: KernelSpec) -> list[str]:
+    p = []
+    if k.family not in FAMILIES:
+        p.append(f"family must be one of {FAMILIES}, got {k.family!r}")
+    if k.dtype not in DTYPES:
+        p.append(f"dtype must be one of {DTYPES}, got {k.dtype!r}")
+    if k.target not in TARGETS:
+        p.append(f"target must be one of {TARGETS}, got {k.target!r}")
+    for name in ("head_dim_qk", "head_dim_v"):
+        v = getattr(k, name)
+        if not _is_int(v) or not MIN_HEAD_DIM <= v <= MAX_HEAD_DIM or v % 8:
+            p.append(f"{name} must be a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {v!r}")
+    if not _is_int(k.gqa_ratio) or k.gqa_ratio < 1:
+        p.append(f"gqa_ratio must be an integer >= 1, got {k.gqa_ratio!r}")
+    if k.mask not in INNER_MASKS:
+        p.append(f"mask must be one of {INNER_MASKS}, got {k.mask!r}")
+    if k.dtype == "fp8_e4m3" and k.target == "sm80":
+        p.append("fp8_e4m3 needs target sm90 (sm80 has no fp8 tensor cores)")
+    return p
+
+
+@dataclass(frozen=True)
+class SpecEntry:
+    """One ``kernels:`` entry of a spec file, validated."""
+
+    name: str
+    source: str  # the spec file, as given
+    head_dim_qk: int
+    head_dim_v: int
+    gqa_ratio: int
+    num_q_heads: int | None
+    num_kv_heads: int | None
+    mask: str  # one of MASKS
+    document_mask: str | None  # inner mask of a document entry
+    window: int | None  # sliding window width in keys, the query itself included
+    causal_alignment: str
+    softcap: float
+    softmax_scale: float | None
+    dtypes: tuple[str, ...]
+    targets: tuple[str, ...]
+    families: tuple[str, ...]
+
+    def kernel_specs(self) -> list[KernelSpec]:
+        """Expand over families x dtypes x targets, in a fixed order."""
+        inner = self.document_mask if self.mask == "document" else self.mask
+        out = []
+        for family in self.families:
+            for dtype in self.dtypes:
+                for target in self.targets:
+                    out.append(KernelSpec(
+                        family=family, dtype=dtype, target=target, head_dim_qk=self.head_dim_qk,
+                        head_dim_v=self.head_dim_v, gqa_ratio=self.gqa_ratio, mask=inner,
+                        softcap=self.softcap > 0, varlen=self.mask == "document"))
+        return out
+
+
+@dataclass(frozen=True)
+class SpecFile:
+    path: str
+    model: str | None
+    entries: tuple[SpecEntry, ...]
+
+    def kernel_specs(self) -> list[KernelSpec]:
+        return [k for e in self.entries for k in e.kernel_specs()]
+
+
+# --------------------------------------------------------------------------------------------------
+# YAML loading + validation
+
+_ENTRY_FIELDS = {
+    "name": "kernel name (identifier)",
+    "description": "free text",
+    "head_dim": "head dim of Q, K and V",
+    "head_dim_qk": "head dim of Q and K (with head_dim_v, instead of head_dim)",
+    "head_dim_v": "head dim of V and the output",
+    "num_q_heads": "query heads",
+    "num_kv_heads": "key/value heads",
+    "gqa_ratio": "query heads per KV head (instead of num_q_heads/num_kv_heads)",
+    "mask": "none | causal | sliding_window | document",
+    "document_mask": "mask inside each document: none | causal | sliding_window",
+    "window": "sliding window width in keys, the query itself included",
+    "causal_alignment": "bottom_right | top_left",
+    "softcap": "tanh softcap value, 0 = off",
+    "softmax_scale": "softmax scale, null = 1/sqrt(head_dim_qk)",
+    "dtypes": "fp16 | bf16 | fp8_e4m3, or a list",
+    "targets": "sm80 | sm90, or a list",
+    "families": "fwd | bwd, or a list",
+}
+_TOP_FIELDS = ("model", "description", "kernels")
+DEFAULT_FAMILIES = ("fwd",)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class _Entry:
+    """Collects problems for one entry, each prefixed with file / entry / field."""
+
+    def __init__(self, path: str, index: int, raw: dict, problems: list[str]):
+        self.path, self.raw, self.problems = path, raw, problems
+        name = raw.get("name")
+        self.label = f"kernel {name!r} (entry {index})" if isinstance(name, str) else f"entry {index}"
+
+    def bad(self, field: str, msg: str) -> None:
+        self.problems.append(f"{self.path}: {self.label}: field '{field}': {msg}")
+
+    def int_field(self, field: str, lo: int, hi: int | None = None, required: bool = False):
+        if field not in self.raw or self.raw[field] is None:
+            if required:
+                self.bad(field, "is required")
+            return None
+        v = self.raw[field]
+        if not _is_int(v):
+            self.bad(field, f"must be an integer, got {type(v).__name__} {v!r}")
+            return None
+        if v < lo or (hi is not None and v > hi):
+            rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+            self.bad(field, f"must be {rng}, got {v}")
+            return None
+        return v
+
+    def choice(self, field: str, choices: tuple[str, ...], default: str | None, required=False):
+        if field not in self.raw or self.raw[field] is None:
+            if required:
+                self.bad(field, f"is required (one of {', '.join(choices)})")
+            return default
+        v = self.raw[field]
+        if not isinstance(v, str) or v not in choices:
+            self.bad(field, f"must be one of {', '.join(choices)}, got {v!r}")
+            return None
+        return v
+
+    def choices(self, field: str, choices: tuple[str, ...], default: tuple[str, ...] | None):
+        if field not in self.raw or self.raw[field] is None:
+            if default is None:
+                self.bad(field, f"is required (one or a list of {', '.join(choices)})")
+            return default
+        v = self.raw[field]
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, list) or not items:
+            self.bad(field, f"must be one of {', '.join(choices)} or a non-empty list of them, got {v!r}")
+            return None
+        out = []
+        for it in items:
+            if not isinstance(it, str) or it not in choices:
+                self.bad(field, f"unknown value {it!r} (expected {', '.join(choices)})")
+                return None
+            if it in out:
+                self.bad(field, f"{it!r} is listed twice")
+                return None
+            out.append(it)
+        return tuple(out)
+
+
+def _head_dim(e: _Entry, field: str) -> int | None:
+    v = e.int_field(field, MIN_HEAD_DIM, MAX_HEAD_DIM)
+    if v is not None and v % 8:
+        e.bad(field, f"must be a multiple of 8 (16-byte rows), got {v}")
+        return None
+    return v
+
+
+def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEntry | None:
+    if not isinstance(raw, dict):
+        problems.append(f"{path}: entry {index}: must be a mapping of fields, got {type(raw).__name__}")
+        return None
+    e = _Entry(path, index, raw, problems)
+    start = len(problems)
+    for key in raw:
+        if key not in _ENTRY_FIELDS:
+            e.bad(str(key), f"unknown field (known: {', '.join(_ENTRY_FIELDS)})")
+    name = raw.get("name")
+    if name is None:
+        e.bad("name", "is required")
+    elif not isinstance(name, str) or not _NAME_RE.match(name):
+        e.bad("name", f"must be an identifier (letters, digits, '_', '-'), got {name!r}")
+    if "description" in raw and not isinstance(raw["description"], str):
+        e.bad("description", "must be a string")
+
+    # head dims
+    hd_qk = hd_v = None
+    if "head_dim" in raw:
+        for f in ("head_dim_qk", "head_dim_v"):
+            if f in raw:
+                e.bad(f, "give either head_dim or head_dim_qk/head_dim_v, not both")
+        hd_qk = hd_v = _head_dim(e, "head_dim")
+    elif "head_dim_qk" in raw:
+        hd_qk = _head_dim(e, "head_dim_qk")
+        hd_v = _head_dim(e, "head_dim_v") if "head_dim_v" in raw else hd_qk
+    else:
+        e.bad("head_dim", "is required (or head_dim_qk and head_dim_v)")
+
+    # heads / GQA
+    nq = e.int_field("num_q_heads", 1)
+    nkv = e.int_field("num_kv_heads", 1)
+    gqa = None
+    if "gqa_ratio" in raw:
+        gqa = e.int_field("gqa_ratio", 1, 64)
+        if gqa is not None and nq is not None and nkv is not None and nq != gqa * nkv:
+            e.bad("gqa_ratio", f"is {gqa} but num_q_heads/num_kv_heads = {nq}/{nkv}")
+    if nq is not None and nkv is not None:
+        if nq % nkv:
+            e.bad("num_q_heads", f"{nq} is not a multiple of num_kv_heads {nkv}")
+        else:
+            gqa = nq // nkv
+    elif ("num_q_heads" in raw) != ("num_kv_heads" in raw) and "gqa_ratio" not in raw:
+        e.bad("num_kv_heads" if "num_q_heads" in raw else "num_q_heads",
+              "num_q_heads and num_kv_heads go together (or give gqa_ratio)")
+    elif "gqa_ratio" not in raw and nq is None and nkv is None:
+        e.bad("num_q_heads", "is required (with num_kv_heads), or give gqa_ratio")
+
+    # mask
+    mask = e.choice("mask", MASKS, None, required=True)
+    doc_mask = None
+    if mask == "document":
+        doc_mask = e.choice("document_mask", INNER_MASKS, "causal")
+    elif "document_mask" in raw:
+        e.bad("document_mask", f"only applies to mask: document (mask is {mask!r})")
+    windowed = mask == "sliding_window" or (mask == "document" and doc_mask == "sliding_window")
+    window = e.int_field("window", 1)
+    if windowed and "window" not in raw:
+        e.bad("window", "is required for a sliding-window mask")
+    if "window" in raw and not windowed and mask is not None:
+        e.bad("window", f"only applies to sliding-window masks (mask is {mask!r})")
+    align = e.choice("causal_alignment", ALIGNMENTS, "bottom_right")
+
+    softcap = 0.0
+    if raw.get("softcap") is not None:
+        v = raw["softcap"]
+        if not _is_num(v) or v < 0:
+            e.bad("softcap", f"must be a number >= 0 (0 = off), got {v!r}")
+        else:
+            softcap = float(v)
+    scale = None
+    if raw.get("softmax_scale") is not None:
+        v = raw["softmax_scale"]
+        if not _is_num(v) or v <= 0:
+            e.bad("softmax_scale", f"must be a number > 0 or null, got {v!r}")
+        else:
+            scale = float(v)
+
+    dtypes = e.choices("dtypes", DTYPES, None)
+    targets = e.choices("targets", TARGETS, None)
+    families = e.choices("families", FAMILIES, DEFAULT_FAMILIES)
+    if dtypes and targets and "fp8_e4m3" in dtypes and "sm80" in targets:
+        e.bad("dtypes", "fp8_e4m3 needs target sm90 only (sm80 has no fp8 tensor cores); "
+              "split the entry or drop sm80 from targets")
+    if len(problems) > start:
+        return None
+    return SpecEntry(name=name, source=path, head_dim_qk=hd_qk, head_dim_v=hd_v, gqa_ratio=gqa,
+                     num_q_heads=nq, num_kv_heads=nkv, mask=mask, document_mask=doc_mask,
+                     window=window, causal_alignment=align, softcap=softcap, softmax_scale=scale,
+                     dtypes=dtypes, targets=targets, families=families)
+
+
+def parse_spec(text: str, path: str = "<string>") -> SpecFile:
+    """Parse and validate one spec file's text. Raises SpecError listing every problem."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise SpecError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+    if not isinstance(raw, dict):
+        raise SpecError([f"{path}: the top level must be a mapping with a 'kernels' list"])
+    problems: list[str] = []
+    for key in raw:
+        if key not in _TOP_FIELDS:
+            problems.append(f"{path}: top level: field '{key}': unknown field (known: {', '.join(_TOP_FIELDS)})")
+    model = raw.get("model")
+    if model is not None and not isinstance(model, str):
+        problems.append(f"{path}: top level: field 'model': must be a string")
+    kernels = raw.get("kernels")
+    if not isinstance(kernels, list) or not kernels:
+        problems.append(f"{path}: top level: field 'kernels': must be a non-empty list of kernel entries")
+        raise SpecError(problems)
+    entries = []
+    for i, item in enumerate(kernels):
+        ent = _parse_entry(path, i, item, problems)
+        if ent is not None:
+            entries.append(ent)
+    names = [e.name for e in entries]
+    for n in sorted({n for n in names if names.count(n) > 1}):
+        problems.append(f"{path}: kernel {n!r}: field 'name': used by more than one entry")
+    if problems:
+        raise SpecError(problems)
+    return SpecFile(path=path, model=model, entries=tuple(entries))
+
+
+def load_spec(path: str | Path) -> SpecFile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    return parse_spec(text, str(path))
+
+
+def spec_files(target: str | Path) -> list[Path]:
+    """A spec file, or every *.yaml / *.yml in a folder (sorted)."""
+    p = Path(target)
+    if p.is_dir():
+        files = sorted([*p.glob("*.yaml"), *p.glob("*.yml")])
+        if not files:
+            raise SpecError([f"{target}: no *.yaml spec files in this folder"])
+        return files
+    if not p.exists():
+        raise SpecError([f"{target}: no such spec file or folder"])
+    return [p]

@@ -1,0 +1,97 @@
+"""Launch configurations: frozen dataclasses, one validity filter, and the default tables.
+
+Shared by the runtime (defaults) and, later, the tuner (search space). No optional dependencies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attngen.spec import KernelSpec
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict:
+        return {"block_m": self.block_m, "block_n": self.block_n,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """dK/dV kernel tiles (block_m queries x block_n keys) and the dQ kernel's tiles."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dq_block_m: int
+    dq_block_n: int
+    dq_num_warps: int
+    dq_num_stages: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+# Shared memory per block, bytes (the opt-in limit).
+SMEM_LIMIT = {"sm80": 163 * 1024, "sm90": 227 * 1024}
+
+
+def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
+    """Rough shared-memory need: Q tile once, K and V tiles per pipeline stage (2-byte elements)."""
+    dqk, dv = next_pow2(spec.head_dim_qk), next_pow2(spec.head_dim_v)
+    return 2 * (cfg.block_m * dqk + max(cfg.num_stages - 1, 1) * cfg.block_n * (dqk + dv))
+
+
+def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
+    """None if `cfg` can launch `spec`'s forward kernel, else the reason (the tuner records it)."""
+    if not (_pow2(cfg.block_m) and _pow2(cfg.block_n)):
+        return "block sizes must be powers of two"
+    if cfg.block_m < 16 or cfg.block_n < 16:
+        return "block sizes below 16 do not map onto tensor-core tiles"
+    if cfg.num_warps not in (1, 2, 4, 8, 16):
+        return "num_warps must be 1, 2, 4, 8 or 16"
+    if cfg.num_stages < 1:
+        return "num_stages must be >= 1"
+    need, have = fwd_smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
+    if need > have:
+        return f"needs ~{need} B of shared memory, {spec.target} has {have}"
+    return None
+
+
+def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda") -> FwdConfig:
+    """Defaults per head dim (measured on an H200, see benchmarks/); the interpreter gets big tiles
+    because its cost is per tile operation."""
+    d = max(spec.head_dim_qk, spec.head_dim_v)
+    if device_kind == "cpu":
+        return FwdConfig(64, 64, 4, 1)
+    if d <= 64:
+        return FwdConfig(128, 64, 4, 3)
+    if d <= 128:
+        return FwdConfig(128, 64, 8, 3)
+    return FwdConfig(64, 32, 4, 2)
+
+
+def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:
+    d = max(spec.head_dim_qk, spec.head_dim_v)
+    if device_kind == "cpu":
+        return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    if d <= 64:
+        return BwdConfig(64, 128, 8, 3, 128, 64, 8, 3)
+    if d <= 128:
+        return BwdConfig(64, 128, 8, 2, 128, 64, 8, 2)
+    return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
