@@ -5,6 +5,6 @@ from attngen import env as _env
 _env.setup_interpreter()  # before anything imports triton
 
 from attngen._version import __version__  # noqa: E402
-from attngen.runtime.api import attention  # noqa: E402
+from attngen.runtime.api import attention, attention_varlen  # noqa: E402
 
-__all__ = ["__version__", "attention"]
+__all__ = ["__version__", "attention", "attention_varlen"]

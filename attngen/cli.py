@@ -9,10 +9,13 @@ from attngen.spec import SpecError
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
+    from attngen import env
     from attngen.codegen.build import build
     from attngen.codegen.render import CodegenError
 
-    targets = args.specs or ["specs"]
+    # the defaults are the repository's specs/ and generated/ together, wherever this runs from:
+    # a specs/ folder in the current directory must not prune the repository's generated/
+    targets = args.specs or [env.REPO_ROOT / "specs"]
     try:
         report = build(targets, out_dir=args.out, check=args.check)
     except (SpecError, CodegenError) as exc:
@@ -51,7 +54,7 @@ def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="attngen", description="attention kernel generator")
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="render spec files into Triton modules in generated/")
-    b.add_argument("specs", nargs="*", help="spec files or folders (default: specs/)")
+    b.add_argument("specs", nargs="*", help="spec files or folders (default: the repository's specs/)")
     b.add_argument("--out", default=None, help="output folder (default: generated/)")
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if the output folder is stale")

@@ -15,6 +15,7 @@ This module validates and nothing else: no Jinja, no Triton.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ IMPLEMENTED_DTYPES = ("fp16", "bf16")  # fp8 kernels arrive with the FP8 family
 MAX_HEAD_DIM = 256
 MIN_HEAD_DIM = 16
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_\-]*$")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")  # used with fullmatch: no trailing "\n"
 
 
 class SpecError(ValueError):
@@ -172,7 +173,7 @@ _ENTRY_FIELDS = {
     "families": "fwd | bwd, or a list",
 }
 _TOP_FIELDS = ("model", "description", "kernels")
-DEFAULT_FAMILIES = ("fwd",)
+DEFAULT_FAMILIES = ("fwd", "bwd")
 
 
 def _is_int(v: Any) -> bool:
@@ -180,7 +181,13 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite int or float (YAML's .nan / .inf and ints too big for a float are not numbers here)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 class _Entry:
@@ -259,10 +266,12 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     for key in raw:
         if key not in _ENTRY_FIELDS:
             e.bad(str(key), f"unknown field (known: {', '.join(_ENTRY_FIELDS)})")
+    # a field set to null is a field left out (its default, or "is required")
+    raw = e.raw = {k: v for k, v in raw.items() if v is not None}
     name = raw.get("name")
     if name is None:
         e.bad("name", "is required")
-    elif not isinstance(name, str) or not _NAME_RE.match(name):
+    elif not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         e.bad("name", f"must be an identifier (letters, digits, '_', '-'), got {name!r}")
     if "description" in raw and not isinstance(raw["description"], str):
         e.bad("description", "must be a string")
@@ -288,6 +297,8 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
         gqa = e.int_field("gqa_ratio", 1, 64)
         if gqa is not None and nq is not None and nkv is not None and nq != gqa * nkv:
             e.bad("gqa_ratio", f"is {gqa} but num_q_heads/num_kv_heads = {nq}/{nkv}")
+        elif gqa is not None and nq is not None and nkv is None and nq % gqa:
+            e.bad("gqa_ratio", f"num_q_heads {nq} is not a multiple of gqa_ratio {gqa}")
     if nq is not None and nkv is not None:
         if nq % nkv:
             e.bad("num_q_heads", f"{nq} is not a multiple of num_kv_heads {nkv}")
@@ -304,7 +315,7 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     doc_mask = None
     if mask == "document":
         doc_mask = e.choice("document_mask", INNER_MASKS, "causal")
-    elif "document_mask" in raw:
+    elif "document_mask" in raw and mask is not None:
         e.bad("document_mask", f"only applies to mask: document (mask is {mask!r})")
     windowed = mask == "sliding_window" or (mask == "document" and doc_mask == "sliding_window")
     window = e.int_field("window", 1)
@@ -318,14 +329,14 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     if raw.get("softcap") is not None:
         v = raw["softcap"]
         if not _is_num(v) or v < 0:
-            e.bad("softcap", f"must be a number >= 0 (0 = off), got {v!r}")
+            e.bad("softcap", f"must be a finite number >= 0 (0 = off), got {v!r}")
         else:
             softcap = float(v)
     scale = None
     if raw.get("softmax_scale") is not None:
         v = raw["softmax_scale"]
         if not _is_num(v) or v <= 0:
-            e.bad("softmax_scale", f"must be a number > 0 or null, got {v!r}")
+            e.bad("softmax_scale", f"must be a finite number > 0, or null for 1/sqrt(head_dim_qk), got {v!r}")
         else:
             scale = float(v)
 
@@ -343,10 +354,28 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
                      dtypes=dtypes, targets=targets, families=families)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load, except that a key given twice in one mapping is an error, not "last wins"
+    (keys brought in by a `<<: *anchor` merge may still be overridden)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice in one mapping", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_spec(text: str, path: str = "<string>") -> SpecFile:
     """Parse and validate one spec file's text. Raises SpecError listing every problem."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -360,6 +389,8 @@ def parse_spec(text: str, path: str = "<string>") -> SpecFile:
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         problems.append(f"{path}: top level: field 'model': must be a string")
+    if raw.get("description") is not None and not isinstance(raw["description"], str):
+        problems.append(f"{path}: top level: field 'description': must be a string")
     kernels = raw.get("kernels")
     if not isinstance(kernels, list) or not kernels:
         problems.append(f"{path}: top level: field 'kernels': must be a non-empty list of kernel entries")

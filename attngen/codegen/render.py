@@ -78,6 +78,10 @@ def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = 
         raise CodegenError(f"{spec.uri}: {spec.dtype} kernels are not implemented yet "
                            f"(implemented: {', '.join(IMPLEMENTED_DTYPES)})")
     root = root or env.templates_dir()
-    tmpl = _environment(str(root)).get_template(template_name(spec))
+    name = template_name(spec)
+    if not (root / name).is_file():
+        raise CodegenError(f"{spec.uri}: kernel family {spec.family!r} is not implemented yet "
+                           f"(no template {name} in {root})")
+    tmpl = _environment(str(root)).get_template(name)
     text = tmpl.render(**template_context(spec, sources, root))
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from attngen import env
 from attngen.kernels.common import MaskArgs, default_scale, mask_kind
-from attngen.kernels.fwd import attn_fwd
+from attngen.kernels.bwd import attn_bwd, attn_bwd_varlen
+from attngen.kernels.fwd import attn_fwd, attn_fwd_varlen
 from attngen.runtime import dispatch, loader
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
 
@@ -83,13 +86,64 @@ def kernel_for(family: str, dtype: torch.dtype, device: torch.device, dqk: int, 
     return spec, interpret
 
 
+@dataclass(frozen=True)
+class _Call:
+    """Everything a call decided before launching: one object for forward and backward."""
+
+    spec: KernelSpec  # the forward kernel; backward uses spec.replace(family="bwd")
+    mask: MaskArgs
+    kind: str  # "cuda" | "cpu" (interpreter): picks the default configs
+    deterministic: bool
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+
+
+class _Attention(torch.autograd.Function):
+    """Dense (B, H, S, D) views or packed (T, H, D) tensors (call.spec.varlen)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, call: _Call, out):
+        spec = call.spec
+        mod = loader.load(spec)
+        cfg = dispatch.fwd_config(spec, call.kind)
+        if spec.varlen:
+            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+            attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu_q, cu_k, call.max_seqlen_q, call.mask, cfg)
+        else:
+            lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+            attn_fwd(mod, spec, q, k, v, out, lse, call.mask, cfg)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.call = call
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        call: _Call = ctx.call
+        spec = call.spec.replace(family="bwd")
+        mod = loader.load(spec)
+        cfg = dispatch.bwd_config(spec, call.kind)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if spec.varlen:
+            attn_bwd_varlen(mod, spec, q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
+                            call.max_seqlen_q, call.max_seqlen_k, call.mask, cfg, call.deterministic)
+        else:
+            attn_bwd(mod, spec, q, k, v, out, dout, lse, dq, dk, dv, call.mask, cfg,
+                     call.deterministic)
+        return dq, dk, dv, None, None, None, None
+
+
 def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-              layout="bhsd", return_lse=False, causal_alignment="bottom_right"):
-    """Scaled dot-product attention through attngen's generated Triton kernels.
+              layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right"):
+    """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
-    layout="bshd" (as flash-attn). Returns out in q's layout, and with return_lse the fp32
-    logsumexp (B, Hq, Sq). CPU tensors run through Triton's interpreter (slow; for tests).
+    layout="bshd" (as flash-attn). Returns out in q's layout, and with return_lse also the fp32
+    logsumexp (B, Hq, Sq) (not differentiable). window_size=(left, right) as flash-attn, -1 =
+    unbounded; causal_alignment "bottom_right" (flash-attn, default) or "top_left" (SDPA) places the
+    diagonal when Sq != Sk. deterministic=True makes the backward bitwise reproducible (dQ in its
+    own pass instead of atomics). CPU tensors run through Triton's interpreter (slow; for tests).
     """
     if layout not in ("bhsd", "bshd"):
         _fail(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
@@ -115,15 +169,81 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     check_head_dims(D, Dk, Dv)
     mask, wl, wr = mask_kind(bool(causal), (left, right))
     spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, False)
-    args = MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
-                    softcap=float(softcap), window_left=wl, window_right=wr, align_top_left=top_left)
-    mod = loader.load(spec)
-    cfg = dispatch.fwd_config(spec, dispatch.device_kind(q.device, interpret))
+    call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
+                                          softcap=float(softcap), window_left=wl, window_right=wr,
+                                          align_top_left=top_left),
+                 kind=dispatch.device_kind(q.device, interpret), deterministic=bool(deterministic))
     if layout == "bshd":
         out = torch.empty((B, Sq, Hq, Dv), dtype=dtype, device=q.device)
         out_v = out.transpose(1, 2)
     else:
         out = out_v = torch.empty((B, Hq, Sq, Dv), dtype=dtype, device=q.device)
-    lse = torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
-    attn_fwd(mod, spec, qv, kv, vv, out_v, lse, args, cfg)
-    return (out, lse) if return_lse else out
+    o, lse = _Attention.apply(qv, kv, vv, None, None, call, out_v)
+    if layout == "bshd":
+        o = o.transpose(1, 2)
+    return (o, lse) if return_lse else o
+
+
+def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> int:
+    """Validate cu_seqlens; returns the number of documents."""
+    if not isinstance(cu, torch.Tensor):
+        _fail(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        _fail(f"{name}: must be torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        _fail(f"{name}: must be 1-D with num_docs + 1 entries, got shape {tuple(cu.shape)}")
+    if cu.device != device:
+        _fail(f"{name}: on {cu.device}, but q is on {device}")
+    host = cu.cpu()
+    if int(host[0]) != 0:
+        _fail(f"{name}: must start at 0, starts at {int(host[0])}")
+    if int(host[-1]) != total:
+        _fail(f"{name}: must end at the packed length {total}, ends at {int(host[-1])}")
+    if cu.numel() > 1 and bool((host[1:] < host[:-1]).any()):
+        i = int((host[1:] < host[:-1]).nonzero()[0])
+        _fail(f"{name}: must be non-decreasing, but entry {i + 1} ({int(host[i + 1])}) < entry {i} "
+              f"({int(host[i])})")
+    return cu.numel() - 1
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                     causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
+                     return_lse=False, deterministic=False, causal_alignment="bottom_right"):
+    """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
+    (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
+    other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
+    fp32 logsumexp (Hq, total_q). Differentiable."""
+    dtype = check_tensors({"q": q, "k": k, "v": v}, 3, "(total, H, D)")
+    left, right = check_options(window_size, softcap, scale)
+    top_left = check_alignment(causal_alignment)
+    Tq, Hq, D = q.shape
+    Tk, Hkv, Dk = k.shape
+    Tv, Hv, Dv = v.shape
+    if Tv != Tk:
+        _fail(f"v: packed length {Tv} differs from k's {Tk}")
+    if Hv != Hkv:
+        _fail(f"v: {Hv} heads, k has {Hkv}")
+    if Hkv == 0 or Hq % Hkv:
+        _fail(f"q: {Hq} query heads is not a multiple of the {Hkv} KV heads of k/v")
+    check_head_dims(D, Dk, Dv)
+    nq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, Tq, q.device)
+    nk = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, Tk, q.device)
+    if nq != nk:
+        _fail(f"cu_seqlens_k: {nk} documents, cu_seqlens_q has {nq}")
+    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).cpu()
+    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).cpu()
+    for name, mx, lens in (("max_seqlen_q", max_seqlen_q, lens_q), ("max_seqlen_k", max_seqlen_k, lens_k)):
+        if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
+            _fail(f"{name}: must be an int >= 0, got {mx!r}")
+        if lens.numel() and int(lens.max()) > mx:
+            _fail(f"{name}: {mx} is below the longest document ({int(lens.max())})")
+    mask, wl, wr = mask_kind(bool(causal), (left, right))
+    spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, True)
+    call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
+                                          softcap=float(softcap), window_left=wl, window_right=wr,
+                                          align_top_left=top_left),
+                 kind=dispatch.device_kind(q.device, interpret), deterministic=bool(deterministic),
+                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+    out = torch.empty((Tq, Hq, Dv), dtype=dtype, device=q.device)
+    o, lse = _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, out)
+    return (o, lse) if return_lse else o

@@ -15,13 +15,29 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 B, HKV = 2, 2
 
 
-def built_kernels(family: str) -> list[tuple[KernelSpec, Path]]:
+def kernel_body(path: Path) -> str:
+    """A generated module without its stamp (header comments, URI, target): what runs."""
+    lines = [ln for ln in path.read_text().splitlines()
+             if not ln.startswith("#") and not ln.startswith(("URI = ", "KERNEL_SPEC = "))]
+    return "\n".join(lines)
+
+
+def built_kernels(family: str, varlen: bool | None = None) -> list[tuple[KernelSpec, Path]]:
+    """Every generated kernel of a family, one per distinct kernel body: targets that render the
+    same code today (sm80/sm90 of the FA2 family) are checked to be identical and run once."""
     manifest = json.loads((GENERATED / "manifest.json").read_text())["kernels"]
-    out = []
+    out, seen = [], {}
     for uri, ent in sorted(manifest.items()):
         spec = KernelSpec(**ent["kernel_spec"])
-        if spec.family == family:
-            out.append((spec, GENERATED / ent["file"]))
+        if spec.family != family or (varlen is not None and spec.varlen != varlen):
+            continue
+        path = GENERATED / ent["file"]
+        body = kernel_body(path)
+        twin = spec.replace(target="sm80")
+        if twin in seen and seen[twin] == body:
+            continue  # same code as its sm80 twin, which runs
+        seen[spec] = body
+        out.append((spec, path))
     return out
 
 

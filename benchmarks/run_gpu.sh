@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The one script to run on the GPU machine: the GPU test suite, then `attngen bench`.
+#
+#   benchmarks/run_gpu.sh [fwd|fwdbwd|both] [more `attngen bench` arguments, e.g. --quick]
+#
+# Writes into $OUT (default: benchmarks/results/tmp): gpu_summary.json, gpu_tests.log, env.txt,
+# bench_<mode>.json and bench_<mode>.log per mode. TESTS=0 skips the tests, BENCH=0 the benchmark.
+# No install step: the repository is put on PYTHONPATH. Exit status: nonzero if the tests or a
+# benchmark run failed (the benchmark runs even when a test fails).
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-$PWD/benchmarks/results/tmp}"
+mkdir -p "$OUT"
+mode="${1:-fwd}"
+[ "$#" -gt 0 ] && shift
+case "$mode" in
+  fwd|fwdbwd) modes="$mode" ;;
+  both) modes="fwd fwdbwd" ;;
+  *) echo "usage: $0 [fwd|fwdbwd|both] [attngen bench args...]" >&2; exit 2 ;;
+esac
+
+{
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+  python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda); print("triton", triton.__version__); print("gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null || true
+} | tee "$OUT/env.txt"
+
+status=0
+if [ "${TESTS:-1}" != 0 ]; then
+  start=$SECONDS
+  set +e
+  ATTNGEN_GPU_SUMMARY="$OUT/gpu_summary.json" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  echo "GPU tests: exit $rc in $((SECONDS - start)) s"
+  [ "$rc" -eq 0 ] || status=1
+fi
+
+if [ "${BENCH:-1}" != 0 ]; then
+  for m in $modes; do
+    start=$SECONDS
+    set +e
+    python3 -m attngen.cli bench --mode "$m" --out "$OUT/bench_$m.json" "$@" 2>&1 \
+      | tee "$OUT/bench_$m.log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    echo "bench --mode $m: exit $rc in $((SECONDS - start)) s"
+    [ "$rc" -eq 0 ] || status=1
+  done
+fi
+echo "results in $OUT"
+exit "$status"

@@ -1,0 +1,58 @@
+"""GPU tests: skipped without CUDA; each correctness test adds a record, and the session writes them
+as JSON to $ATTNGEN_GPU_SUMMARY when that is set (benchmarks/run_gpu.sh sets it)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+RECORDS: list[dict] = []
+SUMMARY_ENV = "ATTNGEN_GPU_SUMMARY"
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_records() -> list[dict]:
+    return RECORDS
+
+
+def _environment() -> dict:
+    import triton
+
+    info = {"torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+        info["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+    else:
+        info["gpu"] = None
+    return info
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get(SUMMARY_ENV)
+    if not path or getattr(session.config, "workerinput", None) is not None:  # xdist workers: no
+        return
+    failed = [r for r in RECORDS if not r["passed"]]
+    summary = {**_environment(), "exitstatus": int(exitstatus), "ran": len(RECORDS),
+               "failed": len(failed), "max_ratio_to_torch": max(
+                   (r["ratio_to_torch"] for r in RECORDS if r["ratio_to_torch"] is not None),
+                   default=None),
+               "seconds": round(sum(r["seconds"] for r in RECORDS), 1), "records": RECORDS}
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1) + "\n")

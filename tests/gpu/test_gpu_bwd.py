@@ -1,0 +1,67 @@
+"""Backward of `attngen.attention` at GPU sizes: dQ, dK, dV against float64 autograd of the
+reference (float64 leaves, so the reference gradients are not rounded to the input dtype), with the
+flash-attn gradient rule max|g - g64| <= 3 * max|g_torch - g64| + 1e-5, g_torch from plain PyTorch
+in the inputs' precision. Skipped while attngen.attention has no autograd."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import attngen
+from attngen.testing import assert_flash_rule, attention_ref, max_err
+
+from .common import BF16, FP16, Shape, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+FACTOR, ATOL = 3.0, 1e-5  # as the CPU backward tests (tests/kernels/test_bwd.py)
+GRADS = ("dq", "dk", "dv")
+
+# Sizes up to 4096 x 4096: the float64 autograd graph holds a few (B, Hq, Sq, Sk) tensors.
+CASES = [
+    Shape(BF16, 1, 8, 2, 4096, 4096, 128, causal=True),
+    Shape(FP16, 1, 8, 8, 1023, 4096, 64),
+    Shape(BF16, 1, 8, 2, 4096, 4096, 128, causal=True, window=(1023, 0)),
+    Shape(FP16, 1, 8, 4, 4096, 1023, 256, causal=True, softcap=30.0, q_mult=4.0),
+    Shape(BF16, 2, 8, 8, 1023, 1023, 80),
+]
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_backward_matches_float64_reference(c: Shape, gpu_records):
+    t0 = time.perf_counter()
+    q, k, v, dout = make_inputs(c, salt="bwd")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attngen.attention(*leaves, **c.mask_kwargs)
+    if not out.requires_grad:
+        pytest.skip("attngen.attention is not differentiable yet")
+    rec = c.record("bwd", passed=False, error=None)
+    gpu_records.append(rec)
+    try:
+        grads = torch.autograd.grad(out, leaves, dout)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        rec.update(error=f"{type(exc).__name__}: {exc}"[:500],
+                   seconds=round(time.perf_counter() - t0, 2))
+        raise
+
+    leaves64 = [t.double().requires_grad_(True) for t in (q, k, v)]
+    ref, _ = attention_ref(*leaves64, **c.mask_kwargs)
+    ref_g = torch.autograd.grad(ref, leaves64, dout.double())
+    del ref
+    leaves_pt = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    pt, _ = attention_ref(*leaves_pt, upcast=False, **c.mask_kwargs)
+    pt_g = torch.autograd.grad(pt, leaves_pt, dout)
+    del pt
+
+    errs = {n: (max_err(g, r), max_err(p, r)) for n, g, r, p in zip(GRADS, grads, ref_g, pt_g)}
+    rec.update(err={n: e for n, (e, _) in errs.items()},
+               torch_err={n: pe for n, (_, pe) in errs.items()},
+               ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()),
+               seconds=round(time.perf_counter() - t0, 2))
+    for n, g, r, p in zip(GRADS, grads, ref_g, pt_g):
+        assert_flash_rule(f"{c.id}/{n}", g, r, p, FACTOR, ATOL)
+    rec["passed"] = True

@@ -1,0 +1,101 @@
+"""Forward correctness of `attngen.attention` at realistic sizes on the GPU (fp16 and bf16).
+
+The flash-attn rule, against a float64 reference of the same inputs:
+    max|out - ref64| <= 2 * max|torch_out - ref64| + 1e-5
+where torch_out is plain PyTorch in the inputs' precision (attngen.testing, chunked over query rows
+by tests/gpu/common.py). The logsumexp is checked against the float64 one (rtol = atol = 1e-4), rows
+that see no key must give out = 0 and lse = -inf, and nothing may be NaN/inf otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import attngen
+from attngen.testing import assert_flash_rule, assert_lse_close, max_err
+
+from .common import BF16, FP16, Shape, chunked_ref, make_inputs
+
+pytestmark = pytest.mark.gpu
+
+FACTOR, ATOL = 2.0, 1e-5  # the flash-attn rule
+LSE_TOL = 1e-4
+
+CASES = [
+    # plain and causal, every head dim, GQA 1 and 4
+    Shape(BF16, 2, 8, 8, 1023, 1023, 64),
+    Shape(FP16, 2, 8, 2, 1023, 1023, 64, causal=True),
+    Shape(BF16, 1, 8, 2, 4096, 4096, 128, causal=True),
+    Shape(FP16, 1, 8, 8, 4096, 4096, 128),
+    Shape(BF16, 1, 8, 8, 8192, 8192, 128, causal=True),
+    Shape(FP16, 1, 4, 1, 8192, 8192, 64, causal=True),
+    Shape(FP16, 1, 4, 4, 8192, 8192, 256, causal=True),
+    Shape(BF16, 1, 16, 4, 4096, 4096, 80, causal=True),
+    # Sq != Sk (bottom-right diagonal; Sq > Sk with causal leaves rows that see no key)
+    Shape(BF16, 1, 8, 2, 1023, 8192, 128, causal=True),
+    Shape(FP16, 1, 8, 8, 8192, 1023, 80),
+    Shape(BF16, 2, 8, 8, 4096, 1023, 64, causal=True),
+    Shape(FP16, 1, 8, 2, 4096, 8192, 80, causal=True),
+    # sliding windows
+    Shape(BF16, 1, 8, 2, 8192, 8192, 128, causal=True, window=(1023, 0)),
+    Shape(FP16, 2, 8, 8, 4096, 4096, 64, window=(128, 128)),
+    Shape(BF16, 1, 8, 8, 4096, 8192, 80, window=(-1, 256)),
+    Shape(FP16, 1, 8, 2, 4096, 1023, 128, causal=True, window=(511, 0)),
+    Shape(FP16, 1, 4, 4, 1023, 4096, 64, window=(0, 0)),
+    # softcap (q scaled so that scores reach tanh's bend)
+    Shape(BF16, 1, 8, 2, 4096, 4096, 256, causal=True, softcap=50.0, q_mult=4.0),
+    Shape(FP16, 1, 8, 8, 1023, 4096, 256, softcap=30.0, q_mult=4.0),
+    Shape(BF16, 1, 8, 2, 8192, 8192, 256, causal=True, window=(1023, 0), softcap=50.0, q_mult=4.0),
+    Shape(BF16, 1, 8, 8, 1023, 1023, 80, causal=True, softcap=20.0, q_mult=4.0),
+    # flash-attn layout
+    Shape(BF16, 2, 8, 2, 4096, 4096, 128, causal=True, layout="bshd"),
+]
+
+
+def run_forward(c: Shape, q, k, v):
+    """attngen.attention in the case's layout; out (B, Hq, Sq, D) and lse either way."""
+    if c.layout == "bshd":
+        out, lse = attngen.attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)),
+                                     layout="bshd", return_lse=True, **c.mask_kwargs)
+        assert out.shape == (c.B, c.Sq, c.Hq, c.D), f"{c.id}: bshd out shape {tuple(out.shape)}"
+        return out.transpose(1, 2), lse
+    return attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_forward_matches_float64_reference(c: Shape, gpu_records):
+    t0 = time.perf_counter()
+    q, k, v, _ = make_inputs(c)
+    rec = c.record("fwd", passed=False, error=None)
+    gpu_records.append(rec)
+    try:
+        out, lse = run_forward(c, q, k, v)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        rec.update(error=f"{type(exc).__name__}: {exc}"[:500],
+                   seconds=round(time.perf_counter() - t0, 2))
+        raise
+    assert out.dtype == c.dtype and out.shape == (c.B, c.Hq, c.Sq, c.D), (out.dtype, out.shape)
+    assert lse.dtype == torch.float32 and lse.shape == (c.B, c.Hq, c.Sq), (lse.dtype, lse.shape)
+
+    ref, ref_lse = chunked_ref(q, k, v, upcast=True, **c.mask_kwargs)
+    torch_out, _ = chunked_ref(q, k, v, upcast=False, **c.mask_kwargs)
+    assert torch.isfinite(torch_out).all(), f"{c.id}: the same-precision reference went non-finite"
+
+    empty = torch.isneginf(ref_lse)  # rows that see no key
+    err, torch_err = max_err(out, ref), max_err(torch_out, ref)
+    lse_rel = ((lse.double() - ref_lse).abs() / ref_lse.abs().clamp_min(1.0))[~empty]
+    rec.update(err=err, torch_err=torch_err, bound=FACTOR * torch_err + ATOL,
+               ratio_to_torch=err / torch_err if torch_err > 0 else None,
+               lse_rel_err=float(lse_rel.max()) if lse_rel.numel() else 0.0,
+               empty_rows=int(empty[0, 0].sum()), seconds=round(time.perf_counter() - t0, 2))
+
+    assert_flash_rule(c.id, out, ref, torch_out, FACTOR, ATOL)
+    assert_lse_close(c.id, lse, ref_lse, rtol=LSE_TOL, atol=LSE_TOL)
+    if bool(empty.any()):
+        assert float(out.masked_select(empty[..., None]).abs().max()) == 0.0, \
+            f"{c.id}: rows that see no key must give out = 0"
+    rec["passed"] = True
