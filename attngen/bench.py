@@ -34,6 +34,7 @@ import torch
 
 MODES = ("fwd", "fwdbwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 FWDBWD_FLOP_FACTOR = 3.5
 TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
 # Max |out - attngen's out| above which a row's check is marked failed (informational, not fatal).
@@ -209,7 +210,8 @@ def _prepare_attngen(case: Case, x: Inputs, mode: str) -> Prepared:
 
         prepared = Prepared(forward, (x.q, x.k, x.v), x.dout)
     if grad:
-        _need_grad(prepared.forward(), "attngen.attention_varlen" if case.docs else "attngen.attention")
+        _need_grad(prepared.forward(),
+                   "attngen.attention_varlen" if case.docs else "attngen.attention")
     return prepared
 
 
@@ -393,9 +395,11 @@ def do_bench_timer(step: Callable[[], object], warmup_ms: int, rep_ms: int) -> f
 
 
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape:
+    from attngen.testing import max_err
+
+    if a.shape != b.shape:  # no broadcasting past a layout mistake
         raise ValueError(f"shape {tuple(a.shape)} vs reference {tuple(b.shape)}")
-    return float((a.float() - b.float()).abs().max())
+    return max_err(a, b)
 
 
 def _describe_error(exc: BaseException) -> str:
@@ -434,7 +438,7 @@ class Row:
 
     def as_json(self) -> dict:
         d = {"case": self.case.name, "mode": self.mode, **self.case.describe(),
-             "dtype": {v: k for k, v in DTYPES.items()}[self.dtype], "flops": self.flops,
+             "dtype": DTYPE_NAMES[self.dtype], "flops": self.flops,
              "tflops": self.tflops, "ratios": self.ratios(), "ms": self.ms,
              "first_call_s": self.first_call_s, "max_abs_diff": self.max_abs_diff,
              "check_ok": self.check_ok, "check_ref": self.check_ref, "notes": self.notes}
@@ -480,9 +484,7 @@ def run_case(case: Case, mode: str, providers: Sequence[Provider], dtype: torch.
                 row.notes[prov.name] = p.note
         except Unsupported as exc:
             row.tflops[prov.name] = str(exc)
-        except torch.cuda.OutOfMemoryError as exc:
-            row.tflops[prov.name] = _describe_error(exc)
-        except Exception as exc:  # noqa: BLE001 - a provider's failure is a result, not a crash
+        except Exception as exc:  # noqa: BLE001 - a provider's failure (OOM too) is a result
             row.tflops[prov.name] = _describe_error(exc)
         finally:
             p = step = None
@@ -490,7 +492,7 @@ def run_case(case: Case, mode: str, providers: Sequence[Provider], dtype: torch.
                 torch._dynamo.reset()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        log(f"  {case.name:<18} {mode:<7} {prov.name:<8} {_fmt_value(row.tflops[prov.name], 60)}")
+        log(f"  {case.name:<18} {mode:<7} {prov.name:<8} {_fmt_value(row.tflops[prov.name], 72)}")
     return row
 
 
@@ -505,7 +507,13 @@ def _fmt_value(v, width: int = 8) -> str:
     return (v or "-")[:width]
 
 
-_SHORT = {"skipped": "skip", "refused": "refused", "not available": "n/a", "error": "error", "-": "-"}
+# the table's word for a reason string, by its prefix
+_SHORT = {"skipped": "skip", "refused": "refused", "not available": "n/a", "error": "error",
+          "-": "-"}
+
+
+def _ratio_cell(x: float | None) -> str:
+    return f"{'-' if x is None else format(x, '.2f'):>9}"
 
 
 def format_table(rows: Sequence[Row], providers: Sequence[Provider]) -> str:
@@ -527,8 +535,7 @@ def format_table(rows: Sequence[Row], providers: Sequence[Provider]) -> str:
             cells.append(f"{_fmt_value(v) + flag:>9}")
         ratios = r.ratios()
         if REFERENCE in names:
-            cells += [f"{'-' if ratios.get(f'{REFERENCE}/{n}') is None else format(ratios[f'{REFERENCE}/{n}'], '.2f'):>9}"
-                      for n in peers]
+            cells += [_ratio_cell(ratios.get(f"{REFERENCE}/{n}")) for n in peers]
         lines.append(f"{r.case.name:<18} {r.mode:<7}" + "".join(cells))
     if any(ok is False for r in rows for ok in r.check_ok.values()):
         lines.append("! = output differs from the reference by more than "
@@ -540,8 +547,8 @@ def format_table(rows: Sequence[Row], providers: Sequence[Provider]) -> str:
 
 def _git_commit() -> str | None:
     try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=Path(__file__).resolve().parent)
         return res.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -566,7 +573,7 @@ def header(device: torch.device, dtype: torch.dtype, quick: bool,
         "git_commit": _git_commit(),
         "python": sys.version.split()[0],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "dtype": {v: k for k, v in DTYPES.items()}[dtype],
+        "dtype": DTYPE_NAMES[dtype],
         "timing": {**TIMING["quick" if quick else "full"], "return_mode": "median",
                    "function": "triton.testing.do_bench"},
         "flops": "forward 2*(Dqk+Dv)*B*Hq*pairs; pairs = Sq*Sk (full), Sq*Sk/2 (causal), exact "
@@ -619,7 +626,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"attngen bench: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("attngen bench: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        print("attngen bench: needs a CUDA GPU (torch.cuda.is_available() is False)",
+              file=sys.stderr)
         return 1
     device = torch.device("cuda")
     dtype = DTYPES[args.dtype]

@@ -22,7 +22,12 @@ case "$mode" in
 esac
 
 {
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ local changes)')"
+  if commit=$(git rev-parse HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit (+ local changes)"
+  else
+    commit="unknown (no git checkout)"
+  fi
+  echo "commit: $commit"
   python3 -c 'import sys, torch, triton; print("python", sys.version.split()[0]); print("torch", torch.__version__, "cuda", torch.version.cuda); print("triton", triton.__version__); print("gpu", torch.cuda.get_device_name() if torch.cuda.is_available() else None)'
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader 2>/dev/null || true
 } | tee "$OUT/env.txt"

@@ -184,17 +184,11 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     return (o, lse) if return_lse else o
 
 
-def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.device) -> int:
-    """Validate cu_seqlens; returns the number of documents."""
-    if not isinstance(cu, torch.Tensor):
-        _fail(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
-    if cu.dtype != torch.int32:
-        _fail(f"{name}: must be torch.int32, got {cu.dtype}")
-    if cu.dim() != 1 or cu.numel() < 1:
-        _fail(f"{name}: must be 1-D with num_docs + 1 entries, got shape {tuple(cu.shape)}")
+def check_cu_seqlens(name: str, cu: torch.Tensor, host: torch.Tensor, total: int,
+                     device: torch.device) -> int:
+    """Validate cu_seqlens (`host` is its CPU copy); returns the number of documents."""
     if cu.device != device:
         _fail(f"{name}: on {cu.device}, but q is on {device}")
-    host = cu.cpu()
     if int(host[0]) != 0:
         _fail(f"{name}: must start at 0, starts at {int(host[0])}")
     if int(host[-1]) != total:
@@ -204,6 +198,15 @@ def check_cu_seqlens(name: str, cu: torch.Tensor, total: int, device: torch.devi
         _fail(f"{name}: must be non-decreasing, but entry {i + 1} ({int(host[i + 1])}) < entry {i} "
               f"({int(host[i])})")
     return cu.numel() - 1
+
+
+def _cu_metadata(name: str, cu) -> None:
+    if not isinstance(cu, torch.Tensor):
+        _fail(f"{name}: expected an int32 torch.Tensor, got {type(cu).__name__}")
+    if cu.dtype != torch.int32:
+        _fail(f"{name}: must be torch.int32, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        _fail(f"{name}: must be 1-D with num_docs + 1 entries, got shape {tuple(cu.shape)}")
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -226,12 +229,17 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if Hkv == 0 or Hq % Hkv:
         _fail(f"q: {Hq} query heads is not a multiple of the {Hkv} KV heads of k/v")
     check_head_dims(D, Dk, Dv)
-    nq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, Tq, q.device)
-    nk = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, Tk, q.device)
-    if nq != nk:
-        _fail(f"cu_seqlens_k: {nk} documents, cu_seqlens_q has {nq}")
-    lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).cpu()
-    lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).cpu()
+    _cu_metadata("cu_seqlens_q", cu_seqlens_q)
+    _cu_metadata("cu_seqlens_k", cu_seqlens_k)
+    if cu_seqlens_k.numel() != cu_seqlens_q.numel():
+        _fail(f"cu_seqlens_k: {cu_seqlens_k.numel() - 1} documents, cu_seqlens_q has "
+              f"{cu_seqlens_q.numel() - 1}")
+    # one device-to-host copy for every value check (a sync; flash-attn skips these checks)
+    host = torch.cat([cu_seqlens_q.to(cu_seqlens_k.device), cu_seqlens_k]).cpu()
+    host_q, host_k = host[:cu_seqlens_q.numel()], host[cu_seqlens_q.numel():]
+    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, host_q, Tq, q.device)
+    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, host_k, Tk, q.device)
+    lens_q, lens_k = host_q[1:] - host_q[:-1], host_k[1:] - host_k[:-1]
     for name, mx, lens in (("max_seqlen_q", max_seqlen_q, lens_q), ("max_seqlen_k", max_seqlen_k, lens_k)):
         if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
             _fail(f"{name}: must be an int >= 0, got {mx!r}")

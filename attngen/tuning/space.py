@@ -34,6 +34,7 @@ class BwdConfig:
     dq_block_n: int
     dq_num_warps: int
     dq_num_stages: int
+    atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of its own pass
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -74,24 +75,25 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
 
 
 def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda") -> FwdConfig:
-    """Defaults per head dim (measured on an H200, see benchmarks/); the interpreter gets big tiles
-    because its cost is per tile operation."""
+    """Defaults per head dim, the best of benchmarks/sweep_configs.py on an H200
+    (benchmarks/results/h200_sweep_2026-11-30.json); the interpreter gets big tiles because its
+    cost is per tile operation."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
     if d <= 64:
-        return FwdConfig(128, 64, 4, 3)
+        return FwdConfig(128, 64, 8, 4)
     if d <= 128:
         return FwdConfig(128, 64, 8, 3)
     return FwdConfig(64, 32, 4, 2)
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:
+    """On the H200 sweep the separate dQ pass beat fp32 atomics (hd128 causal: 347 vs 302 TFLOP/s
+    backward-only), so it is the default; atomic_dq stays a tunable knob."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
-    if d <= 64:
-        return BwdConfig(64, 128, 8, 3, 128, 64, 8, 3)
     if d <= 128:
-        return BwdConfig(64, 128, 8, 2, 128, 64, 8, 2)
+        return BwdConfig(64, 64, 4, 2, 64, 64, 4, 2)
     return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)

@@ -28,7 +28,8 @@ def packed(lens_q, lens_k, hq, hkv, d, dtype, seed):
 
 def per_doc_reference(q, k, v, dout, cu_q, cu_k, upcast, **kw):
     """Dense attention document by document (B=1 each); grads through autograd."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    # float64 leaves for the reference, so its gradients are not rounded to the input dtype
+    leaves = [(t.detach().double() if upcast else t.detach().clone()).requires_grad_(True) for t in (q, k, v)]
     outs, lses = [], []
     for i in range(len(cu_q) - 1):
         qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
