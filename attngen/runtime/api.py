@@ -105,7 +105,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, cu_q, cu_k, call: _Call, out):
         spec = call.spec
         mod = loader.load(spec)
-        cfg = dispatch.fwd_config(spec, call.kind)
+        cfg = dispatch.fwd_config(spec, call.kind, call.max_seqlen_q if spec.varlen else q.shape[2])
         if spec.varlen:
             lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
             attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu_q, cu_k, call.max_seqlen_q, call.mask, cfg)
@@ -209,6 +209,19 @@ def _cu_metadata(name: str, cu) -> None:
         _fail(f"{name}: must be 1-D with num_docs + 1 entries, got shape {tuple(cu.shape)}")
 
 
+def _check_cu_values(cu_q, cu_k, Tq, Tk, max_seqlen_q, max_seqlen_k, device) -> None:
+    host = torch.cat([cu_q.to(cu_k.device), cu_k]).cpu()  # one device-to-host copy
+    host_q, host_k = host[:cu_q.numel()], host[cu_q.numel():]
+    check_cu_seqlens("cu_seqlens_q", cu_q, host_q, Tq, device)
+    check_cu_seqlens("cu_seqlens_k", cu_k, host_k, Tk, device)
+    for name, mx, h in (("max_seqlen_q", max_seqlen_q, host_q), ("max_seqlen_k", max_seqlen_k, host_k)):
+        if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
+            _fail(f"{name}: must be an int >= 0, got {mx!r}")
+        lens = h[1:] - h[:-1]
+        if lens.numel() and int(lens.max()) > mx:
+            _fail(f"{name}: {mx} is below the longest document ({int(lens.max())})")
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
                      return_lse=False, deterministic=False, causal_alignment="bottom_right"):
@@ -234,17 +247,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if cu_seqlens_k.numel() != cu_seqlens_q.numel():
         _fail(f"cu_seqlens_k: {cu_seqlens_k.numel() - 1} documents, cu_seqlens_q has "
               f"{cu_seqlens_q.numel() - 1}")
-    # one device-to-host copy for every value check (a sync; flash-attn skips these checks)
-    host = torch.cat([cu_seqlens_q.to(cu_seqlens_k.device), cu_seqlens_k]).cpu()
-    host_q, host_k = host[:cu_seqlens_q.numel()], host[cu_seqlens_q.numel():]
-    check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, host_q, Tq, q.device)
-    check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, host_k, Tk, q.device)
-    lens_q, lens_k = host_q[1:] - host_q[:-1], host_k[1:] - host_k[:-1]
-    for name, mx, lens in (("max_seqlen_q", max_seqlen_q, lens_q), ("max_seqlen_k", max_seqlen_k, lens_k)):
-        if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
-            _fail(f"{name}: must be an int >= 0, got {mx!r}")
-        if lens.numel() and int(lens.max()) > mx:
-            _fail(f"{name}: {mx} is below the longest document ({int(lens.max())})")
+    # Value checks need the values on the host (a device sync). A training step passes the same
+    # cu_seqlens to every layer, so a tensor that passed once is not checked again until it is
+    # modified in place (its version counter moves) or used with other sizes.
+    key = (id(cu_seqlens_q), id(cu_seqlens_k), cu_seqlens_q._version, cu_seqlens_k._version, Tq, Tk,
+           max_seqlen_q, max_seqlen_k)
+    if (getattr(cu_seqlens_q, "_attngen_checked", None) != key
+            or getattr(cu_seqlens_k, "_attngen_checked", None) != key):
+        _check_cu_values(cu_seqlens_q, cu_seqlens_k, Tq, Tk, max_seqlen_q, max_seqlen_k, q.device)
+        cu_seqlens_q._attngen_checked = cu_seqlens_k._attngen_checked = key
     mask, wl, wr = mask_kind(bool(causal), (left, right))
     spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, True)
     call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),

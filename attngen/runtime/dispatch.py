@@ -27,8 +27,9 @@ def device_kind(device: torch.device, interpret: bool) -> str:
     return "cpu" if interpret else device.type
 
 
-def fwd_config(spec: KernelSpec, kind: str) -> FwdConfig:
-    return default_fwd_config(spec, kind)
+def fwd_config(spec: KernelSpec, kind: str, seqlen_q: int = 0) -> FwdConfig:
+    """Launch config for a shape bucket; the tuning database plugs in here."""
+    return default_fwd_config(spec, kind, seqlen_q)
 
 
 def bwd_config(spec: KernelSpec, kind: str) -> BwdConfig:

@@ -155,3 +155,14 @@ def test_varlen_max_seqlen_checked():
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     with pytest.raises(ValueError, match="^max_seqlen_q: 5 is below the longest document"):
         attngen.attention_varlen(q, q, q, cu, cu, 5, 6)
+
+
+def test_varlen_check_repeats_after_in_place_change():
+    """Validated cu_seqlens are not re-read on every call, but an in-place edit is caught."""
+    q = torch.randn(10, 2, 32).half()
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    attngen.attention_varlen(q, q, q, cu, cu, 6, 6)
+    attngen.attention_varlen(q, q, q, cu, cu, 6, 6)
+    cu[1] = 11
+    with pytest.raises(ValueError, match="^cu_seqlens_q: must be non-decreasing"):
+        attngen.attention_varlen(q, q, q, cu, cu, 6, 6)
