@@ -73,10 +73,87 @@ def sweep(d: int, causal: bool, b: int, h: int, s: int, do_bwd: bool) -> list[di
     return rows
 
 
+def _time(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def sweep_bwd_split(d: int, b: int, h: int, s: int) -> list[dict]:
+    """Deterministic backward, causal: the dK/dV kernel's config swept with the dQ kernel's fixed,
+    then the dQ kernel's with the best dK/dV config (they are separate launches)."""
+    spec = KernelSpec("bwd", "bf16", "sm90", d, d, 1, "causal")
+    fmod, bmod = loader.load(spec.replace(family="fwd")), loader.load(spec)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    dout = torch.randn_like(q)
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    mask = MaskArgs(scale=1 / math.sqrt(d), softcap=0.0, window_left=1 << 30, window_right=0,
+                    align_top_left=False)
+    attn_fwd(fmod, spec.replace(family="fwd"), q, k, v, out, lse, mask, FwdConfig(128, 64, 8, 3))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    flops = 2.5 * flops_fwd(b, h, s, d, True)
+    rows, best = [], None
+    base = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2)
+    for part, grid in (("dkdv", itertools.product((32, 64, 128), (64, 128), (4, 8), (1, 2, 3))),
+                       ("dq", itertools.product((64, 128), (32, 64, 128), (4, 8), (1, 2, 3)))):
+        for bm, bn, w, st in grid:
+            if part == "dkdv":
+                cfg = BwdConfig(bm, bn, w, st, base.dq_block_m, base.dq_block_n, base.dq_num_warps,
+                                base.dq_num_stages)
+            else:
+                cfg = BwdConfig(best.block_m, best.block_n, best.num_warps, best.num_stages, bm, bn, w, st)
+            row = {"kind": f"bwd_{part}", "d": d, "causal": True, **cfg.as_dict()}
+            try:
+                ms = _time(lambda: attn_bwd(bmod, spec, q, k, v, out, dout, lse, dq, dk, dv, mask,  # noqa: E731
+                                            cfg, True))
+                rows.append({**row, "ms": ms, "tflops": flops / ms / 1e9})
+            except Exception as exc:  # out of resources / compile failure: record, go on
+                rows.append({**row, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+        ok = [r for r in rows if r["kind"] == f"bwd_{part}" and "tflops" in r]
+        top = max(ok, key=lambda r: r["tflops"])
+        print(f"d{d} best {part}: {top['tflops']:.0f} TFLOP/s {top}", flush=True)
+        best = BwdConfig(**{kk: top[kk] for kk in BwdConfig.__dataclass_fields__})
+    return rows
+
+
+def sweep_swa(b: int, h: int, hkv: int, s: int, window: int) -> list[dict]:
+    spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, h // hkv, "sliding_window")
+    mod = loader.load(spec)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(b, h, s, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(b, hkv, s, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    mask = MaskArgs(scale=1 / math.sqrt(128), softcap=0.0, window_left=window - 1, window_right=0,
+                    align_top_left=False)
+    pairs = sum(min(i + 1, window) for i in range(s))
+    rows = []
+    for bm, bn, w, st in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4)):
+        cfg = FwdConfig(bm, bn, w, st)
+        row = {"kind": "fwd_swa", "window": window, **cfg.as_dict()}
+        try:
+            ms = _time(lambda: attn_fwd(mod, spec, q, k, v, out, lse, mask, cfg))  # noqa: E731
+            rows.append({**row, "ms": ms, "tflops": 4 * b * h * pairs * 128 / ms / 1e9})
+        except Exception as exc:
+            rows.append({**row, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+    top = max((r for r in rows if "tflops" in r), key=lambda r: r["tflops"])
+    print(f"best swa{window}: {top['tflops']:.0f} TFLOP/s {top}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep.json")
+    ap.add_argument("--split", action="store_true",
+                    help="sweep the backward's two kernels separately, and the SWA forward")
     args = ap.parse_args()
+    if args.split:
+        rows = []
+        for part in (lambda: sweep_bwd_split(128, 4, 16, 4096), lambda: sweep_swa(1, 32, 8, 8192, 1024)):
+            rows += part()
+            json.dump({"gpu": torch.cuda.get_device_name(), "triton": triton.__version__, "rows": rows},
+                      open(args.out, "w"), indent=1)
+        return
     rows = []
     for d, causal, h, do_bwd in ((128, True, 16, True), (64, True, 32, True), (128, False, 16, False)):
         rows += sweep(d, causal, 4, h, 4096, do_bwd=do_bwd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,11 @@ def check_alignment(causal_alignment: str) -> bool:
     return causal_alignment == "top_left"
 
 
+@functools.lru_cache(maxsize=1024)
+def _kernel_spec(*fields) -> KernelSpec:
+    return KernelSpec(*fields)
+
+
 def kernel_for(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
                mask: str, softcap: float, varlen: bool) -> tuple[KernelSpec, bool]:
     """(spec, interpret) for a validated call."""
@@ -76,9 +82,8 @@ def kernel_for(family: str, dtype: torch.dtype, device: torch.device, dqk: int, 
     if device.type == "cpu" and not interpret:
         _fail("q: CPU tensors run through Triton's interpreter, which is off in this process: set "
               "TRITON_INTERPRET=1 before importing attngen/triton, or move the tensors to a GPU")
-    spec = KernelSpec(family=family, dtype=dispatch.DTYPE_NAMES[dtype],
-                      target=dispatch.device_target(device), head_dim_qk=dqk, head_dim_v=dv,
-                      gqa_ratio=gqa, mask=mask, softcap=softcap > 0, varlen=varlen)
+    spec = _kernel_spec(family, dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device), dqk, dv,
+                        gqa, mask, softcap > 0, varlen)
     if interpret and dtype == torch.bfloat16:
         from attngen.interp import patch_bf16_dot
 
@@ -98,20 +103,33 @@ class _Call:
     max_seqlen_k: int = 0
 
 
+def _run_forward(q, k, v, cu_q, cu_k, call: _Call, out):
+    spec = call.spec
+    mod = loader.load(spec)
+    if spec.varlen:
+        cfg = dispatch.fwd_config(spec, call.kind, call.max_seqlen_q)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+        attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu_q, cu_k, call.max_seqlen_q, call.mask, cfg)
+    else:
+        cfg = dispatch.fwd_config(spec, call.kind, q.shape[2])
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+        attn_fwd(mod, spec, q, k, v, out, lse, call.mask, cfg)
+    return out, lse
+
+
+def _apply(q, k, v, cu_q, cu_k, call: _Call, out):
+    """Through autograd only when a gradient is wanted (the Function costs tens of microseconds)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, cu_q, cu_k, call, out)
+    return _run_forward(q, k, v, cu_q, cu_k, call, out)
+
+
 class _Attention(torch.autograd.Function):
     """Dense (B, H, S, D) views or packed (T, H, D) tensors (call.spec.varlen)."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, call: _Call, out):
-        spec = call.spec
-        mod = loader.load(spec)
-        cfg = dispatch.fwd_config(spec, call.kind, call.max_seqlen_q if spec.varlen else q.shape[2])
-        if spec.varlen:
-            lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-            attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu_q, cu_k, call.max_seqlen_q, call.mask, cfg)
-        else:
-            lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-            attn_fwd(mod, spec, q, k, v, out, lse, call.mask, cfg)
+        out, lse = _run_forward(q, k, v, cu_q, cu_k, call, out)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
         ctx.call = call
         ctx.mark_non_differentiable(lse)
@@ -178,7 +196,7 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
         out_v = out.transpose(1, 2)
     else:
         out = out_v = torch.empty((B, Hq, Sq, Dv), dtype=dtype, device=q.device)
-    o, lse = _Attention.apply(qv, kv, vv, None, None, call, out_v)
+    o, lse = _apply(qv, kv, vv, None, None, call, out_v)
     if layout == "bshd":
         o = o.transpose(1, 2)
     return (o, lse) if return_lse else o
@@ -264,5 +282,5 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                  kind=dispatch.device_kind(q.device, interpret), deterministic=bool(deterministic),
                  max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
     out = torch.empty((Tq, Hq, Dv), dtype=dtype, device=q.device)
-    o, lse = _Attention.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, out)
+    o, lse = _apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, out)
     return (o, lse) if return_lse else o

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attngen.spec import KernelSpec
@@ -14,12 +16,17 @@ def device_target(device: torch.device) -> str:
     """Kernel target of a device: sm90 for Hopper, sm80 for Ampere/Ada and for the CPU interpreter."""
     if device.type != "cuda":
         return "sm80"
-    major, minor = torch.cuda.get_device_capability(device)
+    return _cuda_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_target(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
     if major == 9:
         return "sm90"
     if major >= 8:
         return "sm80"
-    raise ValueError(f"attngen needs an sm80+ GPU; {torch.cuda.get_device_name(device)} is "
+    raise ValueError(f"attngen needs an sm80+ GPU; {torch.cuda.get_device_name(index)} is "
                      f"sm{major}{minor}")
 
 

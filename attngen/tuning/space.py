@@ -85,7 +85,10 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(128, 64, 8, 4)
     if d <= 128:
         # short sequences (and packed documents up to 1k) fill the GPU better with 64-row tiles:
-        # 315 vs 295 TFLOP/s on 8 x 1024-token causal documents, H200
+        # 315 vs 295 TFLOP/s on 8 x 1024-token causal documents; a 1024-key window too: 348 vs
+        # 334 (h200_sweep_split_2026-11-30.json)
+        if spec.mask == "sliding_window":
+            return FwdConfig(64, 64, 4, 2)
         return FwdConfig(64, 64, 4, 3) if 0 < seqlen_q <= 1024 else FwdConfig(128, 64, 8, 3)
     return FwdConfig(64, 32, 4, 2)
 
@@ -96,6 +99,6 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
-    if d <= 128:
-        return BwdConfig(64, 64, 4, 2, 64, 64, 4, 2)
+    if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
+        return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3)
     return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
