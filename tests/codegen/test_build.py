@@ -264,6 +264,46 @@ def test_varlen_code_only_for_varlen(rendered):
         assert bool(arithmetic_on(body, "stride_qz")) == (not ks.varlen), ks.uri
 
 
+@pytest.fixture(scope="module")
+def rendered_bwd() -> list[tuple[KernelSpec, ast.Module]]:
+    return [(ks.replace(family="bwd"), ast.parse(render(ks.replace(family="bwd")))) for ks in MATRIX]
+
+
+BWD_KERNELS = {"_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dkdv_inner", "_attn_bwd_dq",
+               "_attn_bwd_dq_inner"}
+
+
+def test_bwd_structure(rendered_bwd):
+    """Backward family: the softcap derivative, the left window edge, the leading masked stage,
+    head-dim padding and varlen code each exist only when the spec asks for them; the GQA group
+    loop runs over the spec's ratio."""
+    for ks, mod in rendered_bwd:
+        fns = functions(mod)
+        assert set(fns) == BWD_KERNELS, ks.uri
+        swa, masked = ks.mask == "sliding_window", ks.mask != "none"
+        for inner in ("_attn_bwd_dkdv_inner", "_attn_bwd_dq_inner"):
+            tanh = [n for n in ast.walk(fns[inner]) if isinstance(n, ast.Name) and n.id.endswith("_tanh")]
+            assert bool(tanh) == ks.softcap, (ks.uri, inner)  # d tanh only with softcap
+            assert bool(compares_with(fns[inner], "window_left")) == swa, (ks.uri, inner)
+            assert bool(compares_with(fns[inner], "window_right")) == masked, (ks.uri, inner)
+        # three query-block stages per KV block (leading masked only with a mask), three key-block
+        # stages per query block in the dQ pass (leading masked only for windows)
+        assert len(calls(fns["_attn_bwd_dkdv"], "_attn_bwd_dkdv_inner")) == (3 if masked else 2), ks.uri
+        assert len(calls(fns["_attn_bwd_dq"], "_attn_bwd_dq_inner")) == (3 if swa else 2), ks.uri
+        # dK/dV sum over the GQA group inside one program: `for g in range(ratio)`
+        loops = [n for n in ast.walk(fns["_attn_bwd_dkdv"]) if isinstance(n, ast.For)
+                 and isinstance(n.iter, ast.Call) and is_name(n.iter.func, "range")]
+        assert [ast.literal_eval(lp.iter.args[0]) for lp in loops] == [ks.gqa_ratio], ks.uri
+        cu = [c for c in calls(mod, "tl.load") if any(is_name(x, "cu_seqlens_k") for x in ast.walk(c))]
+        assert bool(cu) == ks.varlen, ks.uri
+        expected = set()
+        if ks.head_dim_qk & (ks.head_dim_qk - 1):
+            expected.add(("offs_dqk", ks.head_dim_qk))
+        if ks.head_dim_v & (ks.head_dim_v - 1):
+            expected.add(("offs_dv", ks.head_dim_v))
+        assert head_dim_masks(mod) == expected, ks.uri
+
+
 def test_matrix_is_what_the_tests_think_it_is():
     assert len(MATRIX) == len(set(MATRIX)) == 7 * 3 * 2 * 2
     assert len({ks.uri for ks in MATRIX}) == len(MATRIX)
