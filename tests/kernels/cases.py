@@ -41,6 +41,20 @@ def built_kernels(family: str, varlen: bool | None = None) -> list[tuple[KernelS
     return out
 
 
+def twin_kernels(family: str, varlen: bool | None = None) -> list[tuple[KernelSpec, Path, Path]]:
+    """(spec, path, path of its sm80 twin) for every generated kernel that built_kernels() skipped
+    because its code equals its sm80 twin's: each still runs once, and must match its twin bitwise."""
+    manifest = json.loads((GENERATED / "manifest.json").read_text())["kernels"]
+    run = {s: p for s, p in built_kernels(family, varlen)}
+    out = []
+    for uri, ent in sorted(manifest.items()):
+        spec = KernelSpec(**ent["kernel_spec"])
+        if spec.family != family or (varlen is not None and spec.varlen != varlen) or spec in run:
+            continue
+        out.append((spec, GENERATED / ent["file"], run[spec.replace(target="sm80")]))
+    return out
+
+
 @dataclass(frozen=True)
 class Case:
     sq: int

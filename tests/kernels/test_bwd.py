@@ -17,10 +17,11 @@ from attngen.runtime.loader import load_path
 from attngen.testing import assert_flash_rule, attention_ref
 from attngen.tuning.space import BwdConfig, FwdConfig
 from tests.kernels import golden
-from tests.kernels.cases import built_kernels, cases_for, make_qkv
+from tests.kernels.cases import built_kernels, cases_for, make_qkv, twin_kernels
 
 KERNELS = built_kernels("bwd", varlen=False)
 FWD = {s.replace(family="bwd"): p for s, p in built_kernels("fwd", varlen=False)}
+FWD.update({s.replace(family="bwd"): p for s, p, _ in twin_kernels("fwd", varlen=False)})
 FWD_CONFIG = FwdConfig(64, 32, 4, 1)
 # 32 x 32 tiles: with seqlens 113/203 every stage of both loops runs
 TEST_CONFIG = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1)
@@ -75,3 +76,15 @@ def test_deterministic_paths_agree():
     torch.testing.assert_close(g_atomic[0], g_det[0], atol=2e-3, rtol=0)
     assert torch.equal(g_atomic[1], g_det[1]) and torch.equal(g_atomic[2], g_det[2]), \
         "dK/dV differ between the dQ paths"
+
+
+TWINS = twin_kernels("bwd", varlen=False)
+
+
+@pytest.mark.parametrize("spec,path,twin_path", TWINS, ids=[s.uri for s, _, _ in TWINS])
+def test_bwd_twin_kernel(spec, path, twin_path):
+    """Kernels whose code equals their sm80 twin's still run (one case, the same dQ path as the
+    twin's golden run) and match the twin's golden gradients."""
+    case = cases_for(spec)[0]
+    *_, grads = run_bwd(spec, path, case, 2000, deterministic=False)
+    golden.check("bwd", spec.replace(target="sm80").uri, case.name, dict(zip(("dq", "dk", "dv"), grads)))

@@ -14,7 +14,7 @@ from attngen.runtime.loader import load_path
 from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask
 from attngen.tuning.space import FwdConfig
 from tests.kernels import golden
-from tests.kernels.cases import built_kernels, cases_for, make_qkv
+from tests.kernels.cases import built_kernels, cases_for, make_qkv, twin_kernels
 
 KERNELS = built_kernels("fwd", varlen=False)
 # small tiles so that every loop stage (leading masked, unmasked, trailing masked) runs
@@ -65,3 +65,15 @@ def test_config_independence():
         torch.testing.assert_close(out, outs[0][0], atol=2e-3, rtol=0,
                                    msg=lambda m: f"output changes with the launch config: {m}")
         torch.testing.assert_close(lse, outs[0][1], atol=1e-4, rtol=0)
+
+
+TWINS = twin_kernels("fwd", varlen=False)
+
+
+@pytest.mark.parametrize("spec,path,twin_path", TWINS, ids=[s.uri for s, _, _ in TWINS])
+def test_fwd_twin_kernel(spec, path, twin_path):
+    """Kernels whose code equals their sm80 twin's still run (one case) and match the twin's golden
+    output."""
+    case = cases_for(spec)[0]
+    *_, out, lse, _ = run_case(spec, path, case, seed=1000)
+    golden.check("fwd", spec.replace(target="sm80").uri, case.name, {"out": out, "lse": lse})

@@ -9,8 +9,13 @@ import pytest
 import torch
 
 import attngen
+from attngen.kernels.bwd import attn_bwd_varlen
+from attngen.kernels.common import UNBOUNDED, MaskArgs
+from attngen.kernels.fwd import attn_fwd_varlen
+from attngen.runtime.loader import load_path
 from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref
-from tests.kernels.cases import DTYPES, built_kernels
+from attngen.tuning.space import BwdConfig, FwdConfig
+from tests.kernels.cases import DTYPES, built_kernels, twin_kernels
 
 DOC_KERNELS = built_kernels("fwd", varlen=True)
 
@@ -75,3 +80,33 @@ def test_varlen_other_masks(kw, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
     check_varlen([17, 1, 40, 9], [30, 5, 40, 0], 4, 2, 64, torch.float16, seed=12,
                  deterministic=True, **kw)
+
+
+FWD_TWINS = twin_kernels("fwd", varlen=True)
+
+
+@pytest.mark.parametrize("spec,path,twin_path", FWD_TWINS, ids=[s.uri for s, _, _ in FWD_TWINS])
+def test_document_twin_kernels(spec, path, twin_path):
+    """Document kernels whose code equals their sm80 twin's (fwd and bwd) run once through the
+    launchers and match the twin bitwise."""
+    bwd_path = dict((s, p) for s, p, _ in twin_kernels("bwd", varlen=True))[spec.replace(family="bwd")]
+    bwd_twin = dict(built_kernels("bwd", varlen=True))[spec.replace(family="bwd", target="sm80")]
+    lens = [1, 17, 113, 40]
+    q, k, v, dout, cu_q, cu_k = packed(lens, lens, 2 * spec.gqa_ratio, 2, spec.head_dim_qk,
+                                       DTYPES[spec.dtype], seed=13)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    mask = MaskArgs(scale=1 / math.sqrt(spec.head_dim_qk), softcap=0.0, window_left=UNBOUNDED,
+                    window_right=0, align_top_left=False)
+    results = []
+    for fwd_p, bwd_p in ((path, bwd_path), (twin_path, bwd_twin)):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full((q.shape[1], q.shape[0]), float("nan"))
+        attn_fwd_varlen(load_path(fwd_p), spec, q, k, v, out, lse, cu_q, cu_k, max(lens), mask,
+                        FwdConfig(32, 32, 4, 1))
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        attn_bwd_varlen(load_path(bwd_p), spec.replace(family="bwd"), q, k, v, out, dout, lse, *grads,
+                        cu_q, cu_k, max(lens), max(lens), mask, BwdConfig(32, 32, 4, 1, 32, 32, 4, 1), True)
+        results.append([out, lse, *grads])
+    assert all(torch.isfinite(t).all() for t in results[0][2:]), "unwritten gradients"
+    for a, b in zip(*results):
+        assert torch.equal(a, b), f"{spec.uri} differs from its sm80 twin"
