@@ -17,15 +17,23 @@ def cache_dir() -> Path:
     return Path(base) / "attngen"
 
 
+def _shipped(folder: str, package: str) -> Path:
+    """The repository's folder in a checkout / editable install, else the copy the wheel carries."""
+    path = REPO_ROOT / folder
+    if path.is_dir():
+        return path
+    return Path(__file__).resolve().parent / package
+
+
 def generated_dir() -> Path:
-    """The built kernels (ATTNGEN_GENERATED_DIR, else the repository's generated/)."""
+    """The built kernels (ATTNGEN_GENERATED_DIR, else generated/)."""
     env = os.environ.get("ATTNGEN_GENERATED_DIR")
-    return Path(env) if env else REPO_ROOT / "generated"
+    return Path(env) if env else _shipped("generated", "_generated")
 
 
 def templates_dir() -> Path:
     env = os.environ.get("ATTNGEN_TEMPLATES_DIR")
-    return Path(env) if env else REPO_ROOT / "templates"
+    return Path(env) if env else _shipped("templates", "_templates")
 
 
 def tuning_db_path() -> Path:
