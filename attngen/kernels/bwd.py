@@ -8,6 +8,7 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
+from attngen.kernels.common import packed_strides as _packed
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig, next_pow2
 
@@ -57,11 +58,6 @@ def attn_bwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk,
             num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
     else:
         dq.copy_(dq_acc)
-
-
-def _packed(t: torch.Tensor) -> tuple[int, int, int, int]:
-    """(batch, head, seq, dim) strides of a packed (total, H, D) tensor: batch unused."""
-    return 0, t.stride(1), t.stride(0), t.stride(2)
 
 
 def attn_bwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk, dv,

@@ -7,7 +7,7 @@ from types import ModuleType
 import torch
 import triton
 
-from attngen.kernels.common import MaskArgs
+from attngen.kernels.common import MaskArgs, packed_strides
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig, next_pow2
 
@@ -48,10 +48,7 @@ def attn_fwd_varlen(mod: ModuleType, spec: KernelSpec, q: torch.Tensor, k: torch
     grid = (triton.cdiv(max_seqlen_q, cfg.block_m), num_docs * Hq)
     mod._attn_fwd[grid](
         q, k, v, out, lse,
-        0, q.stride(1), q.stride(0), q.stride(2),
-        0, k.stride(1), k.stride(0), k.stride(2),
-        0, v.stride(1), v.stride(0), v.stride(2),
-        0, out.stride(1), out.stride(0), out.stride(2),
+        *packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(out),
         0, lse.stride(0), lse.stride(1),
         Hq, 0, 0,
         cu_seqlens_q, cu_seqlens_k,
