@@ -90,7 +90,8 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         if spec.mask == "sliding_window":
             return FwdConfig(64, 64, 4, 2)
         return FwdConfig(64, 64, 4, 3) if 0 < seqlen_q <= 1024 else FwdConfig(128, 64, 8, 3)
-    return FwdConfig(64, 32, 4, 2)
+    # hd256: 398 TFLOP/s vs 339 for 64x32x4x2 (h200_sweep_hd256_2026-11-30.json)
+    return FwdConfig(128, 64, 8, 2)
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:
@@ -101,4 +102,5 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3)
-    return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)
+    return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2)
