@@ -49,6 +49,14 @@ def check_head_dims(dqk: int, dk: int, dv: int) -> None:
             _fail(f"{name}: head dim {d} must be a multiple of 8, at least 16")
 
 
+def check_heads(hq: int, hkv: int, hv: int, dqk: int, dk: int, dv: int) -> None:
+    if hv != hkv:
+        _fail(f"v: {hv} heads, k has {hkv}")
+    if hkv == 0 or hq % hkv:
+        _fail(f"q: {hq} query heads is not a multiple of the {hkv} KV heads of k/v")
+    check_head_dims(dqk, dk, dv)
+
+
 def check_options(window_size, softcap, scale) -> tuple[int, int]:
     if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
             or not all(isinstance(w, int) and not isinstance(w, bool) for w in window_size)):
@@ -178,13 +186,9 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     Bv, Hv, Sv, Dv = vv.shape
     if Bk != B or Bv != B:
         _fail(f"k, v: batch sizes {Bk}, {Bv} differ from q's {B}")
-    if Hv != Hkv:
-        _fail(f"v: {Hv} heads, k has {Hkv}")
     if Sv != Sk:
         _fail(f"v: sequence length {Sv} differs from k's {Sk}")
-    if Hkv == 0 or Hq % Hkv:
-        _fail(f"q: {Hq} query heads is not a multiple of the {Hkv} KV heads of k/v")
-    check_head_dims(D, Dk, Dv)
+    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
     mask, wl, wr = mask_kind(bool(causal), (left, right))
     spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, False)
     call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
@@ -255,11 +259,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     Tv, Hv, Dv = v.shape
     if Tv != Tk:
         _fail(f"v: packed length {Tv} differs from k's {Tk}")
-    if Hv != Hkv:
-        _fail(f"v: {Hv} heads, k has {Hkv}")
-    if Hkv == 0 or Hq % Hkv:
-        _fail(f"q: {Hq} query heads is not a multiple of the {Hkv} KV heads of k/v")
-    check_head_dims(D, Dk, Dv)
+    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
     _cu_metadata("cu_seqlens_q", cu_seqlens_q)
     _cu_metadata("cu_seqlens_k", cu_seqlens_k)
     if cu_seqlens_k.numel() != cu_seqlens_q.numel():
