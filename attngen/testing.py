@@ -58,6 +58,40 @@ def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, s
     return out.to(dtype) if not upcast else out, lse
 
 
+def random_inputs(*shapes, dtype: torch.dtype, device="cpu", seed: int = 0, mults=None,
+                  requires_grad: bool = False) -> list[torch.Tensor]:
+    """Fresh N(0, 1) tensors of the given shapes (never zeros), drawn in fp32 from one seeded
+    generator on `device` and rounded to `dtype`; mults[i] scales the i-th (e.g. q, so that
+    softcapped scores reach tanh's bend). The one input maker of the CPU and GPU suites."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = []
+    for i, shape in enumerate(shapes):
+        t = torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
+        if mults is not None and mults[i] != 1.0:
+            t = t * mults[i]
+        t = t.to(dtype)
+        out.append(t.requires_grad_(True) if requires_grad else t)
+    return out
+
+
+def check_grads(name: str, fn, inputs, dout: torch.Tensor, grads, factor: float = 3.0,
+                atol: float = 1e-5, names=("dq", "dk", "dv")) -> dict[str, tuple[float, float]]:
+    """The flash-attn gradient rule for `grads` (the kernel's gradients of `inputs`).
+
+    fn(*tensors, upcast) -> output, for attention_ref-like functions. The reference runs on float64
+    leaves (its gradients are not rounded to the input dtype), the yardstick on same-precision
+    leaves; each gradient must satisfy max|g - g64| <= factor * max|g_torch - g64| + atol.
+    Returns {name: (err, torch_err)}."""
+    leaves64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    ref_g = torch.autograd.grad(fn(*leaves64, upcast=True), leaves64, dout.double())
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
+    pt_g = torch.autograd.grad(fn(*leaves, upcast=False), leaves, dout)
+    errs = {}
+    for n, g, r, p in zip(names, grads, ref_g, pt_g):
+        errs[n] = assert_flash_rule(f"{name}/{n}", g, r, p, factor, atol)
+    return errs
+
+
 def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
 

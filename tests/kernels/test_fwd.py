@@ -11,10 +11,10 @@ import torch
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime.loader import load_path
-from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask
+from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err
 from attngen.tuning.space import FwdConfig
 from tests.kernels import golden
-from tests.kernels.cases import built_kernels, cases_for, make_qkv, twin_kernels
+from tests.kernels.cases import built_kernels, cases_for, make_qkv
 
 KERNELS = built_kernels("fwd", varlen=False)
 # small tiles so that every loop stage (leading masked, unmasked, trailing masked) runs
@@ -44,13 +44,16 @@ def test_fwd_kernel(spec, path):
         ref, ref_lse = attention_ref(q, k, v, **kw)
         pt, _ = attention_ref(q, k, v, upcast=False, **kw)
         name = f"{spec.uri}/{case.name}"
-        assert_flash_rule(name, out, ref, pt, factor=2.0)
+        err, _ = assert_flash_rule(name, out, ref, pt, factor=2.0)
         assert_lse_close(name, lse, ref_lse)
+        fin = torch.isfinite(ref_lse)
+        lse_err = max_err(lse[fin], ref_lse[fin])
         # rows the mask leaves empty are exactly zero (never NaN)
         empty = ~keep_mask(case.sq, case.sk, case.causal, case.window, case.top_left).any(-1)
         if empty.any():
             assert (out[:, :, empty] == 0).all(), f"{name}: empty rows are not zero"
-        golden.check("fwd", spec.uri, case.name, {"out": out, "lse": lse})
+        golden.check("fwd", spec.uri, case.name, {"out": out, "lse": lse},
+                     {"out": err, "lse": lse_err})
 
 
 def test_config_independence():
@@ -65,15 +68,3 @@ def test_config_independence():
         torch.testing.assert_close(out, outs[0][0], atol=2e-3, rtol=0,
                                    msg=lambda m: f"output changes with the launch config: {m}")
         torch.testing.assert_close(lse, outs[0][1], atol=1e-4, rtol=0)
-
-
-TWINS = twin_kernels("fwd", varlen=False)
-
-
-@pytest.mark.parametrize("spec,path,twin_path", TWINS, ids=[s.uri for s, _, _ in TWINS])
-def test_fwd_twin_kernel(spec, path, twin_path):
-    """Kernels whose code equals their sm80 twin's still run (one case) and match the twin's golden
-    output."""
-    case = cases_for(spec)[0]
-    *_, out, lse, _ = run_case(spec, path, case, seed=1000)
-    golden.check("fwd", spec.replace(target="sm80").uri, case.name, {"out": out, "lse": lse})
