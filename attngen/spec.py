@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -343,6 +344,10 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     dtypes = e.choices("dtypes", DTYPES, None)
     targets = e.choices("targets", TARGETS, None)
     families = e.choices("families", FAMILIES, DEFAULT_FAMILIES)
+    for dtype in dtypes or ():
+        if dtype not in IMPLEMENTED_DTYPES:
+            e.bad("dtypes", f"{dtype}: fp8 kernels are not implemented yet "
+                  f"(implemented: {', '.join(IMPLEMENTED_DTYPES)})")
     if dtypes and targets and "fp8_e4m3" in dtypes and "sm80" in targets:
         e.bad("dtypes", "fp8_e4m3 needs target sm90 only (sm80 has no fp8 tensor cores); "
               "split the entry or drop sm80 from targets")
@@ -372,16 +377,18 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def parse_spec(text: str, path: str = "<string>") -> SpecFile:
-    """Parse and validate one spec file's text. Raises SpecError listing every problem."""
+def _check_file(text: str, path: str) -> tuple[SpecFile | None, list[str], dict[str, list[int]]]:
+    """Parse and validate one file: (the SpecFile or None, every problem, entry name -> indices).
+    The names come from every entry with a usable name, valid or not, so that a duplicate name is
+    reported along with the entries' other problems."""
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise SpecError([f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"]) from None
+        return None, [f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"], {}
     if not isinstance(raw, dict):
-        raise SpecError([f"{path}: the top level must be a mapping with a 'kernels' list"])
+        return None, [f"{path}: the top level must be a mapping with a 'kernels' list"], {}
     problems: list[str] = []
     for key in raw:
         if key not in _TOP_FIELDS:
@@ -394,26 +401,46 @@ def parse_spec(text: str, path: str = "<string>") -> SpecFile:
     kernels = raw.get("kernels")
     if not isinstance(kernels, list) or not kernels:
         problems.append(f"{path}: top level: field 'kernels': must be a non-empty list of kernel entries")
-        raise SpecError(problems)
+        return None, problems, {}
     entries = []
+    names: dict[str, list[int]] = {}
     for i, item in enumerate(kernels):
         ent = _parse_entry(path, i, item, problems)
         if ent is not None:
             entries.append(ent)
-    names = [e.name for e in entries]
-    for n in sorted({n for n in names if names.count(n) > 1}):
-        problems.append(f"{path}: kernel {n!r}: field 'name': used by more than one entry")
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and _NAME_RE.fullmatch(name):
+            names.setdefault(name, []).append(i)
+    for n, where in sorted(names.items()):
+        if len(where) > 1:
+            problems.append(f"{path}: kernel {n!r}: field 'name': used by more than one entry "
+                            f"(entries {', '.join(map(str, where))})")
+    if problems:
+        return None, problems, names
+    return SpecFile(path=path, model=model, entries=tuple(entries)), [], names
+
+
+def parse_spec(text: str, path: str = "<string>") -> SpecFile:
+    """Parse and validate one spec file's text. Raises SpecError listing every problem."""
+    spec_file, problems, _ = _check_file(text, path)
     if problems:
         raise SpecError(problems)
-    return SpecFile(path=path, model=model, entries=tuple(entries))
+    return spec_file
+
+
+def _read(path: str | Path) -> tuple[str | None, list[str]]:
+    try:
+        return Path(path).read_text(), []
+    except OSError as exc:
+        return None, [f"{path}: cannot read: {exc.strerror or exc}"]
+    except UnicodeDecodeError as exc:
+        return None, [f"{path}: cannot read: not UTF-8 text ({exc.reason} at byte {exc.start})"]
 
 
 def load_spec(path: str | Path) -> SpecFile:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise SpecError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+    text, problems = _read(path)
+    if problems:
+        raise SpecError(problems)
     return parse_spec(text, str(path))
 
 
@@ -428,3 +455,60 @@ def spec_files(target: str | Path) -> list[Path]:
     if not p.exists():
         raise SpecError([f"{target}: no such spec file or folder"])
     return [p]
+
+
+def spec_label(path: str | Path) -> str:
+    """How generated headers and manifests name a spec file: its folder and file name
+    ("specs/llama.yaml"), whichever way the path was written (relative, absolute, with ".."), so
+    that no machine path ends up in a generated file and the same file always gives the same bytes."""
+    p = Path(os.path.abspath(path))
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+
+
+def load_specs(targets: Sequence[str | Path]) -> list[SpecFile]:
+    """Every spec file of `targets` (files or folders; a file named twice counts once), validated
+    as one set. Raises one SpecError listing every problem of every file, plus what is wrong with
+    the set: an entry name used in two files, two files with the same spec_label."""
+    problems: list[str] = []
+    paths: list[Path] = []
+    seen: set[str] = set()
+    for target in targets:
+        try:
+            found = spec_files(target)
+        except SpecError as exc:
+            problems += exc.problems
+            continue
+        for f in found:
+            if os.path.abspath(f) not in seen:
+                seen.add(os.path.abspath(f))
+                paths.append(f)
+    loaded: list[SpecFile] = []
+    first_name: dict[str, tuple[str, int]] = {}  # entry name -> (file, index) that used it first
+    first_label: dict[str, str] = {}
+    for path in paths:
+        text, read_problems = _read(path)
+        problems += read_problems
+        if text is None:
+            continue
+        spec_file, file_problems, names = _check_file(text, str(path))
+        problems += file_problems
+        if spec_file is not None:
+            loaded.append(spec_file)
+        label = spec_label(path)
+        if label in first_label:
+            problems.append(f"{path}: has the same folder and file name ({label}) as {first_label[label]}; "
+                            "generated headers name a spec file by its folder and file name, so one "
+                            "build cannot tell them apart (rename one)")
+        else:
+            first_label[label] = str(path)
+        for name, indices in names.items():
+            if name in first_name:
+                other, j = first_name[name]
+                problems.append(f"{path}: kernel {name!r} (entry {indices[0]}): field 'name': also used "
+                                f"by {other} (entry {j}); entry names must be unique across the spec "
+                                "files of one build")
+            else:
+                first_name[name] = (str(path), indices[0])
+    if problems:
+        raise SpecError(problems)
+    return loaded
