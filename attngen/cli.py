@@ -1,76 +1,165 @@
-"""`attngen` command line: thin; parses, calls library functions, returns an exit code."""
+"""`attngen` command line: thin; parses, calls library functions, returns an exit code.
+
+Every sub-command is one row of COMMANDS: its name, a one-line help, a function that adds its
+arguments to its parser and one that runs it and returns the exit code. Adding a sub-command is
+adding a row (import heavy modules inside the two functions, not here).
+
+`attngen` alone prints the usage (the list of sub-commands) and exits 0: asking what the tool can
+do is not an error. A wrong argument exits 2 with argparse's message; `attngen --version` prints
+the version.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
-from attngen.spec import SpecError
+from attngen._version import __version__
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    from attngen import env
-    from attngen.codegen.build import build
-    from attngen.codegen.render import CodegenError
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
 
-    # the defaults are the repository's specs/ and generated/ together, wherever this runs from:
-    # a specs/ folder in the current directory must not prune the repository's generated/
-    targets = args.specs or [env.REPO_ROOT / "specs"]
+
+# --------------------------------------------------------------------------------------------------
+# build
+
+
+def _build_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="*",
+                   help="spec files or folders (default: the checkout's specs/; required when "
+                        "attngen is an installed package)")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: $ATTNGEN_GENERATED_DIR, else the checkout's "
+                        "generated/, else <user cache>/generated for an installed package)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 if the output folder is stale")
+    p.add_argument("--prune", action="store_true",
+                   help="also remove every kernel in the output folder that this build does not make "
+                        "(by default only kernels of the given spec files are ever removed)")
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the current folder when it is inside it, else absolute."""
+    absolute = Path(os.path.abspath(path))
     try:
-        report = build(targets, out_dir=args.out, check=args.check)
+        return absolute.relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return absolute.as_posix()
+
+
+def _run_build(args: argparse.Namespace) -> int:
+    from attngen import env
+    from attngen.codegen.build import BuildError, build
+    from attngen.codegen.render import CodegenError
+    from attngen.spec import SpecError
+
+    targets = args.specs
+    if not targets:
+        # the checkout's specs/ and generated/ together, wherever this runs from: a specs/ folder
+        # in the current directory must not prune the checkout's generated/
+        default = env.default_specs_dir()
+        if default is None:
+            print("attngen build: name the spec files or folders to build, e.g. `attngen build "
+                  "my_specs/`: this attngen is an installed package, not a source checkout, so "
+                  f"there is no specs/ folder to build by default (it runs from {env.PACKAGE_DIR})",
+                  file=sys.stderr)
+            return 2
+        targets = [default]
+    out_dir = Path(args.out) if args.out else env.build_dir()
+    try:
+        report = build(targets, out_dir=out_dir, check=args.check, prune=args.prune)
     except (SpecError, CodegenError) as exc:
         print(f"attngen build: {len(getattr(exc, 'problems', [1]))} problem(s), nothing written:",
               file=sys.stderr)
         print(str(exc), file=sys.stderr)
         return 2
-    out = args.out or "generated"
+    except BuildError as exc:
+        print(f"attngen build: {exc}; nothing written", file=sys.stderr)
+        return 2
+    out = (args.out or _shown(out_dir)).rstrip("/")
     if args.check:
         if report.stale:
             for f in report.written:
                 print(f"stale: {out}/{f} (would be written)")
             for f in report.removed:
-                print(f"stale: {out}/{f} (would be removed)")
+                print(f"stale: {out}/{f} (would be removed: {report.why_removed[f]})")
             print(f"attngen build --check: {out}/ is out of date; run `attngen build "
-                  f"{' '.join(map(str, targets))}`", file=sys.stderr)
+                  f"{' '.join(map(str, args.specs or targets))}`", file=sys.stderr)
             return 1
         print(f"{out}/ is up to date ({len(report.unchanged)} files)")
         return 0
     for f in report.written:
         print(f"wrote   {out}/{f}")
     for f in report.removed:
-        print(f"removed {out}/{f}")
+        print(f"removed {out}/{f} ({report.why_removed[f]})")
+    kept = f", {len(report.kept)} kept (from spec files not in this build)" if report.kept else ""
     print(f"{len(report.written)} written, {len(report.unchanged)} unchanged, "
-          f"{len(report.removed)} removed")
+          f"{len(report.removed)} removed{kept}")
+    if not args.out and not env.in_checkout() and "ATTNGEN_GENERATED_DIR" not in os.environ:
+        print(f"(an installed attngen is read-only: built into the user cache; run with "
+              f"ATTNGEN_GENERATED_DIR={out} for attngen.attention() to load these kernels)")
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+# --------------------------------------------------------------------------------------------------
+# bench
+
+
+def _bench_arguments(p: argparse.ArgumentParser) -> None:
+    from attngen import bench
+
+    bench.add_arguments(p)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
     from attngen import bench
 
     return bench.main(args)
 
 
+# --------------------------------------------------------------------------------------------------
+
+COMMANDS: tuple[Command, ...] = (
+    Command("build", "render spec files into stamped Triton modules",
+            _build_arguments, _run_build),
+    Command("bench", "TFLOP/s against cuDNN, FA2, FlexAttention (GPU); plot results",
+            _bench_arguments, _run_bench),
+)
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="attngen", description="attention kernel generator")
-    sub = p.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="render spec files into Triton modules in generated/")
-    b.add_argument("specs", nargs="*", help="spec files or folders (default: the repository's specs/)")
-    b.add_argument("--out", default=None, help="output folder (default: generated/)")
-    b.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if the output folder is stale")
-    b.set_defaults(func=_cmd_build)
-    try:
-        from attngen import bench
-    except ImportError:  # pragma: no cover - bench arrives with its own module
-        bench = None
-    if bench is not None:
-        bench.add_arguments(sub.add_parser("bench", help="forward/backward TFLOP/s against peers (GPU)"))
-        sub.choices["bench"].set_defaults(func=_cmd_bench)
+    p = argparse.ArgumentParser(
+        prog="attngen", usage="attngen [-h] [--version] <command> [options]",
+        description="Attention kernels generated from a YAML spec language into Triton.",
+        epilog="`attngen <command> --help` shows a command's options.")
+    p.add_argument("--version", action="version", version=f"attngen {__version__}")
+    sub = p.add_subparsers(dest="command", title="commands", metavar="<command>", required=True)
+    for cmd in COMMANDS:
+        cp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cmd.add_arguments(cp)
+        cp.set_defaults(func=cmd.run)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = make_parser()
+    if not argv:
+        print(parser.format_help(), end="")
+        return 0
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) and usage errors (2): an exit code, not a raise
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     return args.func(args)
 
 

@@ -6,6 +6,29 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def in_checkout() -> bool:
+    """Whether attngen runs from a source checkout (or an editable install of one): REPO_ROOT holds
+    both specs/ and generated/. From an installed wheel REPO_ROOT is site-packages, which holds
+    neither; there the package is read-only and builds go to the user cache."""
+    return (REPO_ROOT / "specs").is_dir() and (REPO_ROOT / "generated").is_dir()
+
+
+def default_specs_dir() -> Path | None:
+    """What `attngen build` builds when given no spec files: the checkout's specs/ (None outside a
+    checkout, where there is no such folder to build)."""
+    return REPO_ROOT / "specs" if in_checkout() else None
+
+
+def build_dir() -> Path:
+    """Where `attngen build` writes when given no --out: ATTNGEN_GENERATED_DIR, else the checkout's
+    generated/, else (installed package, read-only) <cache_dir()>/generated."""
+    env = os.environ.get("ATTNGEN_GENERATED_DIR")
+    if env:
+        return Path(env)
+    return REPO_ROOT / "generated" if in_checkout() else cache_dir() / "generated"
 
 
 def cache_dir() -> Path:

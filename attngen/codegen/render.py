@@ -52,8 +52,18 @@ def kernel_spec_repr(spec: KernelSpec) -> str:
     return f"dict({fields})"
 
 
+def _check_sources(spec: KernelSpec, sources: tuple[str, ...]) -> None:
+    """Sources go into one header comment line each and must name no machine path (the same spec
+    gives the same bytes on every machine): "<folder>/<file>#<entry> (sha256 ...)"."""
+    for src in sources:
+        if "\n" in src or "\r" in src or src.startswith(("/", "\\")) or src[1:3] in (":/", ":\\"):
+            raise CodegenError(f"{spec.uri}: source {src!r} is not '<folder>/<file>#<entry> (sha256 ...)' "
+                               "(no line breaks, no absolute paths)")
+
+
 def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> dict:
     root = root or env.templates_dir()
+    _check_sources(spec, sources)
     stamp = {
         "version": __version__,
         "uri": spec.uri,

@@ -17,7 +17,7 @@ from attngen.codegen.build import MANIFEST, build, plan
 from attngen.codegen.naming import HASH_LEN, module_filename, sha256
 from attngen.codegen.render import CodegenError, render, template_hash
 from attngen.env import REPO_ROOT
-from attngen.spec import KernelSpec, load_spec
+from attngen.spec import KernelSpec, SpecError, load_spec
 
 SPECS_DIR = REPO_ROOT / "specs"
 GENERATED_DIR = REPO_ROOT / "generated"
@@ -106,8 +106,33 @@ def test_header_lists_every_entry_that_asks_for_a_kernel(tmp_path):
     spec_lines = [line for line in header(source) if line.startswith("# spec:")]
     ha = sha256((tmp_path / "a.yaml").read_bytes())[:16]
     hb = sha256((tmp_path / "b.yaml").read_bytes())[:16]
-    assert spec_lines == [f"# spec:     {tmp_path / 'a.yaml'}#first (sha256 {ha})",
-                          f"# spec:     {tmp_path / 'b.yaml'}#second (sha256 {hb})"]
+    assert spec_lines == [f"# spec:     {tmp_path.name}/a.yaml#first (sha256 {ha})",
+                          f"# spec:     {tmp_path.name}/b.yaml#second (sha256 {hb})"]
+
+
+def test_stamps_name_no_machine_path(tmp_path, monkeypatch):
+    """A spec file is named by folder and file name: the same bytes from a relative or an absolute
+    path, from any current folder, and nothing of the machine's paths in a header or the manifest."""
+    folder = tmp_path / "deep" / "models"
+    folder.mkdir(parents=True)
+    shutil.copy(SPECS_DIR / "mistral.yaml", folder / "mistral.yaml")
+    monkeypatch.chdir(tmp_path / "deep")
+    relative = plan(["models/mistral.yaml"])
+    monkeypatch.chdir(folder)
+    for other in (plan([folder / "mistral.yaml"]), plan(["mistral.yaml"]), plan(["../models/"])):
+        assert other.files == relative.files
+    out = tmp_path / "out"
+    build(["../models"], out_dir=out)
+    for name, data in tree(out).items():
+        assert str(tmp_path).encode() not in data and b"/deep/" not in data, name
+    assert all(s.startswith("models/mistral.yaml#") for srcs in relative.sources.values() for s in srcs)
+
+
+@pytest.mark.parametrize("source", ["/home/me/specs/x.yaml#x (sha256 0)", "C:\\specs\\x.yaml#x",
+                                    "specs/x.yaml#x\n# injected"])
+def test_render_refuses_a_machine_path_or_a_line_break_in_a_source(source):
+    with pytest.raises(CodegenError, match="no line breaks, no absolute paths"):
+        render(spec(), (source,))
 
 
 def test_on_demand_render_says_so():
@@ -313,20 +338,21 @@ def test_matrix_is_what_the_tests_think_it_is():
 # what validates but cannot be rendered yet
 
 
-def test_fp8_validates_but_render_says_not_implemented(tmp_path):
+def test_fp8_stops_at_the_spec_check_and_render_refuses_it_too(tmp_path):
     path = tmp_path / "fp8.yaml"
     path.write_text("kernels:\n  - {name: f8, head_dim: 128, gqa_ratio: 4, mask: causal, "
                     "dtypes: fp8_e4m3, targets: sm90, families: fwd}\n")
-    (ks,) = load_spec(path).kernel_specs()
-    assert (ks.dtype, ks.target) == ("fp8_e4m3", "sm90")
-    with pytest.raises(CodegenError) as info:
-        render(ks)
-    assert str(info.value) == ("attn_fwd_fp8_e4m3_hd128_gqa4_causal_sm90: fp8_e4m3 kernels are not "
-                               "implemented yet (implemented: fp16, bf16)")
     out = tmp_path / "gen"
-    with pytest.raises(CodegenError):
+    with pytest.raises(SpecError) as info:
         build([path], out_dir=out)
+    assert info.value.problems == [f"{path}: kernel 'f8' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels "
+                                   "are not implemented yet (implemented: fp16, bf16)"]
     assert not out.exists()
+    # a KernelSpec made in code, past the spec check, still cannot be rendered
+    with pytest.raises(CodegenError) as info:
+        render(spec(dtype="fp8_e4m3", target="sm90"))
+    assert str(info.value) == ("attn_fwd_fp8_e4m3_hd128_gqa2_causal_sm90: fp8_e4m3 kernels are not "
+                               "implemented yet (implemented: fp16, bf16)")
 
 
 def test_family_without_template_is_a_codegen_error(tmp_path):
