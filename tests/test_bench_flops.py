@@ -174,6 +174,8 @@ def test_cli_parses_bench_arguments():
     assert (args.mode, args.cases, args.out, args.dtype, args.quick) == (
         "both", "full,causal", "x.json", "fp16", True)
     assert args.func is not None
+    args = make_parser().parse_args(["bench", "--plot", "p.png", "--from", "r.json"])
+    assert (args.plot, args.from_json) == ("p.png", "r.json")
 
 
 def test_cli_rejects_unknown_case(capsys):
@@ -192,7 +194,7 @@ def test_cli_without_gpu_exits_1(capsys):
 
 def test_bench_imports_no_optional_dependencies():
     code = ("import sys, attngen.bench, attngen.cli; attngen.cli.make_parser(); "
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('optuna', 'sqlalchemy')]; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('optuna', 'sqlalchemy', 'matplotlib')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, f"importing attngen.bench pulled in {res.stdout} {res.stderr}"
