@@ -106,7 +106,8 @@ def _run_build(args: argparse.Namespace) -> int:
           f"{len(report.removed)} removed{kept}")
     if not args.out and not env.in_checkout() and "ATTNGEN_GENERATED_DIR" not in os.environ:
         print(f"(an installed attngen is read-only: built into the user cache; run with "
-              f"ATTNGEN_GENERATED_DIR={out} for attngen.attention() to load these kernels)")
+              f"ATTNGEN_GENERATED_DIR={os.path.abspath(out_dir)} for attngen.attention() to load "
+              "these kernels)")
     return 0
 
 

@@ -444,17 +444,19 @@ def test_installed_build_writes_the_user_cache_with_the_shipped_bytes(installed,
     clone = tmp_path / "clone"
     (clone / "specs").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "specs" / "llama.yaml", clone / "specs" / "llama.yaml")
-    monkeypatch.chdir(clone)
-    rc, stdout, stderr = run(capsys, "build", "specs/llama.yaml")
+    monkeypatch.chdir(tmp_path)  # the cache is under it: shown relative, but the hint is absolute
+    rc, stdout, stderr = run(capsys, "build", "clone/specs/llama.yaml")
     assert rc == 0, stderr
     built = kernel_files(installed)
     assert built and f"{len(built) + 1} written, 0 unchanged, 0 removed" in stdout
-    assert f"ATTNGEN_GENERATED_DIR={installed}" in stdout
+    assert f"wrote   cache/generated/{built[0]}" in stdout
+    assert f"ATTNGEN_GENERATED_DIR={installed} " in stdout
     for name in built:
         assert committed.get(name) == (installed / name).read_bytes(), f"{name} differs from generated/"
     llama = {u for u, e in json.loads(committed["manifest.json"])["kernels"].items()
              if any(s.startswith("specs/llama.yaml#") for s in e["sources"])}
     assert {f.rsplit("_", 1)[0] for f in built} == llama
+    monkeypatch.chdir(clone / "specs")
     rc, stdout, _ = run(capsys, "build", clone / "specs" / "llama.yaml")  # absolute path: same bytes
     assert rc == 0 and f"0 written, {len(built) + 1} unchanged, 0 removed" in stdout
     assert tree(REPO_ROOT / "generated") == committed
