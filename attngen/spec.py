@@ -78,6 +78,16 @@ class KernelSpec:
         parts.append(self.target)
         return "_".join(parts)
 
+    @property
+    def pad_qk(self) -> int:
+        """head_dim_qk as the kernel's tiles hold it: a power of two (tl.arange), at least 16
+        (tl.dot); the extra columns are masked."""
+        return max(16, 1 << (self.head_dim_qk - 1).bit_length())
+
+    @property
+    def pad_v(self) -> int:
+        return max(16, 1 << (self.head_dim_v - 1).bit_length())
+
     def replace(self, **changes: Any) -> "KernelSpec":
         return dataclasses.replace(self, **changes)
 

@@ -61,6 +61,25 @@ def _check_sources(spec: KernelSpec, sources: tuple[str, ...]) -> None:
                                "(no line breaks, no absolute paths)")
 
 
+# Int kernel parameters that follow sequence lengths. Triton specializes an int argument on its
+# value (divisible by 16, equal to 1), so each would compile the kernel again when a length moves:
+# they are passed unspecialized. LSE / delta strides follow Sq (or the packed length).
+LENGTH_INTS = ("seqlen_q", "seqlen_k", "num_m_blocks", "num_n_blocks", "diag_offset", "window_left",
+               "window_right", "stride_lz", "stride_lh", "stride_lm")
+
+
+def unspecialized_ints(spec: KernelSpec) -> tuple[str, ...]:
+    """LENGTH_INTS, plus every batch / head / sequence stride when a head dim is not a multiple of
+    16 (then S * D changes its divisibility by 16 with S); with multiples of 16 those strides stay
+    specialized (always divisible, and the compiler may use it for wide loads). Head-dim strides
+    are always specialized (1 for every tensor the runtime passes)."""
+    if spec.head_dim_qk % 16 == 0 and spec.head_dim_v % 16 == 0:
+        return LENGTH_INTS
+    strides = tuple(f"stride_{t}{a}" for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv")
+                    for a in ("z", "h", "m", "n"))
+    return LENGTH_INTS + strides
+
+
 def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> dict:
     root = root or env.templates_dir()
     _check_sources(spec, sources)
@@ -76,8 +95,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     return {
         "spec": spec,
         "stamp": stamp,
-        "pad_qk": next_pow2(spec.head_dim_qk),
-        "pad_v": next_pow2(spec.head_dim_v),
+        "pad_qk": spec.pad_qk,
+        "pad_v": spec.pad_v,
+        "int_params": unspecialized_ints(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
     }
 

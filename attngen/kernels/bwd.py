@@ -1,4 +1,4 @@
-"""Backward launchers for the `bwd` family (templates/attn_bwd.py.jinja)."""
+"""Backward launchers of the `bwd` family (templates/attn_bwd.py.jinja)."""
 
 from __future__ import annotations
 
@@ -8,94 +8,82 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.common import packed_strides as _packed
+from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
 from attngen.spec import KernelSpec
-from attngen.tuning.space import BwdConfig, next_pow2
+from attngen.tuning.space import BwdConfig
 
 
-def _pads(spec: KernelSpec) -> dict:
-    return dict(PAD_QK=next_pow2(spec.head_dim_qk), PAD_V=next_pow2(spec.head_dim_v))
+def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, delta, dq, dk, dv,
+                 mask: MaskArgs, cfg: BwdConfig, atomic: bool, cu_seqlens_q=None, cu_seqlens_k=None,
+                 max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> list[Launch]:
+    """Preprocess (delta = rowsum(dO * O)), dK/dV, and dQ unless `atomic` (then `dq` is the fp32
+    accumulator the dK/dV kernel adds into, zeroed by the caller). Shapes as fwd_launches; delta
+    has lse's shape and strides."""
+    packed = cu_seqlens_q is not None
+    Hq, Hkv = (q.shape[1], k.shape[1])
+    if packed:
+        docs = cu_seqlens_q.numel() - 1
+        bq, bk, seqlen_q, seqlen_k, diag = docs * Hq, docs * Hkv, 0, 0, 0
+        rows_q = max_seqlen_q if q.shape[0] else 0
+        rows_k = max_seqlen_k if k.shape[0] else 0
+    else:
+        B, _, seqlen_q, _ = q.shape
+        seqlen_k = k.shape[2]
+        bq, bk, rows_q, rows_k = B * Hq, B * Hkv, seqlen_q, seqlen_k
+        diag = mask.diag_offset(seqlen_q, seqlen_k)
+    qk_scale, softcap_in, softcap_out = mask.score_args()
+    wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
+    pre_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
+    common = {
+        "Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq, "DK": dk, "DV": dv, "Lse": lse,
+        "Delta": delta, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+        **strides4("q", q, packed), **strides4("k", k, packed), **strides4("v", v, packed),
+        **strides4("o", out, packed), **strides4("do", dout, packed), **strides4("dq", dq, packed),
+        **strides4("dk", dk, packed), **strides4("dv", dv, packed), **lse_strides(lse, packed),
+        "num_q_heads": Hq, "num_kv_heads": Hkv, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+        "qk_scale": qk_scale, "ds_scale": mask.scale, "softcap_in": softcap_in,
+        "softcap_out": softcap_out, "diag_offset": diag, "window_left": mask.window_left,
+        "window_right": mask.window_right, "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": wide,
+        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
+    }
+    ok = rows_q > 0 and rows_k > 0
+    n_blocks = triton.cdiv(rows_k, cfg.block_n)
+    dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
+    launches = [
+        Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
+               {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m},
+               4, 1, 4),
+        Launch(mod._attn_bwd_dkdv, programs(n_blocks, bk, "k") if ok else 0,
+               {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
+                "BLOCK_N": cfg.block_n}, cfg.num_warps, cfg.num_stages, 11),
+    ]
+    if not atomic:
+        launches.append(Launch(mod._attn_bwd_dq, programs(dq_blocks, bq, "q") if ok else 0,
+                               {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m,
+                                "BLOCK_N": cfg.dq_block_n}, cfg.dq_num_warps, cfg.dq_num_stages, 9))
+    return launches
 
 
 def attn_bwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk, dv,
-             mask: MaskArgs, cfg: BwdConfig, deterministic: bool) -> None:
-    """Dense (B, H, S, D) views, any strides; lse (B, Hq, Sq) fp32 contiguous. Writes dq, dk, dv.
-    dQ comes from atomics only when cfg.atomic_dq and not `deterministic`."""
-    B, Hq, Sq, _ = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    if B == 0 or Hq == 0:
-        return
-    if Sk == 0 or Sq == 0:
+             mask: MaskArgs, cfg: BwdConfig, deterministic: bool, cu_seqlens_q=None,
+             cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> None:
+    """Run the backward through Triton's JIT (tests, tuner). Writes dq, dk, dv; dQ comes from fp32
+    atomics only when cfg.atomic_dq and not `deterministic`."""
+    if q.numel() == 0 or k.numel() == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return
-    delta = torch.empty_like(lse)
-    mod._attn_bwd_preprocess[(triton.cdiv(Sq, cfg.dq_block_m), B * Hq)](
-        out, dout, delta, *out.stride(), *dout.stride(), *delta.stride(),
-        Hq, Sq, None, BLOCK_M=cfg.dq_block_m, PAD_V=next_pow2(spec.head_dim_v))
-    qk_scale, softcap_in, softcap_out = mask.score_args()
-    diag = mask.diag_offset(Sq, Sk)
     atomic = cfg.atomic_dq and not deterministic
+    delta = torch.empty_like(lse)
     dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if atomic else dq
-    mod._attn_bwd_dkdv[(triton.cdiv(Sk, cfg.block_n), B * Hkv)](
-        q, k, v, dout, dq_acc, dk, dv, lse, delta,
-        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq_acc.stride(), *dk.stride(),
-        *dv.stride(), *lse.stride(),
-        Hkv, Sq, Sk, None, None,
-        qk_scale, mask.scale, softcap_in, softcap_out,
-        diag, mask.window_left, mask.window_right,
-        ALIGN_TOP_LEFT=mask.align_top_left, ATOMIC_DQ=atomic,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **_pads(spec),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not atomic:
-        mod._attn_bwd_dq[(triton.cdiv(Sq, cfg.dq_block_m), B * Hq)](
-            q, k, v, dout, dq, lse, delta,
-            *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dq.stride(), *lse.stride(),
-            Hq, Sq, Sk, None, None,
-            qk_scale, mask.scale, softcap_in, softcap_out,
-            diag, mask.window_left, mask.window_right,
-            ALIGN_TOP_LEFT=mask.align_top_left,
-            BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, **_pads(spec),
-            num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
-    else:
+    for launch in bwd_launches(mod, spec, q, k, v, out, dout, lse, delta, dq_acc, dk, dv, mask, cfg,
+                               atomic, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+        launch.run()
+    if atomic:
         dq.copy_(dq_acc)
 
 
 def attn_bwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk, dv,
                     cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
                     mask: MaskArgs, cfg: BwdConfig, deterministic: bool) -> None:
-    """Packed q (Tq, Hq, D), k/v (Tk, Hkv, D); lse (Hq, Tq) fp32. dQ path as attn_bwd."""
-    num_docs = cu_seqlens_q.numel() - 1
-    Hq, Hkv = q.shape[1], k.shape[1]
-    if num_docs == 0 or q.shape[0] == 0 or k.shape[0] == 0:
-        dq.zero_(), dk.zero_(), dv.zero_()
-        return
-    delta = torch.empty_like(lse)
-    lse_strides = (0, lse.stride(0), lse.stride(1))
-    mod._attn_bwd_preprocess[(triton.cdiv(max(max_seqlen_q, 1), cfg.dq_block_m), num_docs * Hq)](
-        out, dout, delta, *_packed(out), *_packed(dout), *lse_strides,
-        Hq, 0, cu_seqlens_q, BLOCK_M=cfg.dq_block_m, PAD_V=next_pow2(spec.head_dim_v))
-    qk_scale, softcap_in, softcap_out = mask.score_args()
-    atomic = cfg.atomic_dq and not deterministic
-    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if atomic else dq
-    mod._attn_bwd_dkdv[(triton.cdiv(max(max_seqlen_k, 1), cfg.block_n), num_docs * Hkv)](
-        q, k, v, dout, dq_acc, dk, dv, lse, delta,
-        *_packed(q), *_packed(k), *_packed(v), *_packed(dout), *_packed(dq_acc), *_packed(dk),
-        *_packed(dv), *lse_strides,
-        Hkv, 0, 0, cu_seqlens_q, cu_seqlens_k,
-        qk_scale, mask.scale, softcap_in, softcap_out,
-        0, mask.window_left, mask.window_right,
-        ALIGN_TOP_LEFT=mask.align_top_left, ATOMIC_DQ=atomic,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **_pads(spec),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not atomic:
-        mod._attn_bwd_dq[(triton.cdiv(max(max_seqlen_q, 1), cfg.dq_block_m), num_docs * Hq)](
-            q, k, v, dout, dq, lse, delta,
-            *_packed(q), *_packed(k), *_packed(v), *_packed(dout), *_packed(dq), *lse_strides,
-            Hq, 0, 0, cu_seqlens_q, cu_seqlens_k,
-            qk_scale, mask.scale, softcap_in, softcap_out,
-            0, mask.window_left, mask.window_right,
-            ALIGN_TOP_LEFT=mask.align_top_left,
-            BLOCK_M=cfg.dq_block_m, BLOCK_N=cfg.dq_block_n, **_pads(spec),
-            num_warps=cfg.dq_num_warps, num_stages=cfg.dq_num_stages)
-    else:
-        dq.copy_(dq_acc)
+    attn_bwd(mod, spec, q, k, v, out, dout, lse, dq, dk, dv, mask, cfg, deterministic, cu_seqlens_q,
+             cu_seqlens_k, max_seqlen_q, max_seqlen_k)

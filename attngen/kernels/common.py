@@ -40,11 +40,5 @@ def mask_kind(causal: bool, window_size: tuple[int, int]) -> tuple[str, int, int
     return ("sliding_window", UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right)
 
 
-def packed_strides(t) -> tuple[int, int, int, int]:
-    """(batch, head, seq, dim) strides of a packed (total, H, D) tensor; the batch stride is unused
-    (documents are addressed through cu_seqlens)."""
-    return 0, t.stride(1), t.stride(0), t.stride(2)
-
-
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)

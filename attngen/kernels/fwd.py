@@ -1,61 +1,59 @@
-"""Forward launcher for the `fwd` family (templates/attn_fwd.py.jinja)."""
+"""Forward launcher of the `fwd` family (templates/attn_fwd.py.jinja)."""
 
 from __future__ import annotations
 
 from types import ModuleType
 
-import torch
 import triton
 
-from attngen.kernels.common import MaskArgs, packed_strides
+from attngen.kernels.common import MaskArgs
+from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
 from attngen.spec import KernelSpec
-from attngen.tuning.space import FwdConfig, next_pow2
+from attngen.tuning.space import FwdConfig
+
+TENSORS = ("Q", "K", "V", "Out", "Lse", "cu_seqlens_q", "cu_seqlens_k")
 
 
-def attn_fwd(mod: ModuleType, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             out: torch.Tensor, lse: torch.Tensor, mask: MaskArgs, cfg: FwdConfig) -> None:
-    """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32 --
-    any strides (a bshd tensor is passed as its permuted view)."""
-    B, Hq, Sq, _ = q.shape
-    Sk = k.shape[2]
-    if Sq == 0 or B == 0 or Hq == 0:
-        return
+def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
+    """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32, any
+    strides (a bshd tensor is passed as its permuted view). Packed (cu_seqlens given): q (Tq, Hq, D),
+    k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq)."""
+    packed = cu_seqlens_q is not None
+    if packed:
+        Hq = q.shape[1]
+        bh, seqlen_q, seqlen_k = (cu_seqlens_q.numel() - 1) * Hq, 0, 0
+        rows = max_seqlen_q if q.shape[0] else 0
+    else:
+        B, Hq, seqlen_q, _ = q.shape
+        seqlen_k = k.shape[2]
+        bh, rows = B * Hq, seqlen_q
+    blocks = triton.cdiv(rows, cfg.block_m)
     qk_scale, softcap_in, softcap_out = mask.score_args()
-    grid = (triton.cdiv(Sq, cfg.block_m), B * Hq)
-    mod._attn_fwd[grid](
-        q, k, v, out, lse,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
-        Hq, Sq, Sk,
-        None, None,
-        qk_scale, softcap_in, softcap_out,
-        mask.diag_offset(Sq, Sk), mask.window_left, mask.window_right,
-        ALIGN_TOP_LEFT=mask.align_top_left,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        PAD_QK=next_pow2(spec.head_dim_qk), PAD_V=next_pow2(spec.head_dim_v),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    values = {
+        "Q": q, "K": k, "V": v, "Out": out, "Lse": lse,
+        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+        **strides4("q", q, packed), **strides4("k", k, packed), **strides4("v", v, packed),
+        **strides4("o", out, packed), **lse_strides(lse, packed),
+        "num_q_heads": Hq, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "num_m_blocks": blocks,
+        "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
+        "diag_offset": 0 if packed else mask.diag_offset(seqlen_q, seqlen_k),
+        "window_left": mask.window_left, "window_right": mask.window_right,
+        "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
+        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
+    }
+    grid = programs(blocks, bh, "q") if rows and bh else 0
+    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
 
 
-def attn_fwd_varlen(mod: ModuleType, spec: KernelSpec, q: torch.Tensor, k: torch.Tensor,
-                    v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, mask: MaskArgs, cfg: FwdConfig) -> None:
-    """Packed: q (Tq, Hq, D), k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq) fp32."""
-    num_docs = cu_seqlens_q.numel() - 1
-    Hq = q.shape[1]
-    if num_docs == 0 or max_seqlen_q == 0 or q.shape[0] == 0:
-        return
-    qk_scale, softcap_in, softcap_out = mask.score_args()
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), num_docs * Hq)
-    mod._attn_fwd[grid](
-        q, k, v, out, lse,
-        *packed_strides(q), *packed_strides(k), *packed_strides(v), *packed_strides(out),
-        0, lse.stride(0), lse.stride(1),
-        Hq, 0, 0,
-        cu_seqlens_q, cu_seqlens_k,
-        qk_scale, softcap_in, softcap_out,
-        0, mask.window_left, mask.window_right,
-        ALIGN_TOP_LEFT=mask.align_top_left,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        PAD_QK=next_pow2(spec.head_dim_qk), PAD_V=next_pow2(spec.head_dim_v),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+def attn_fwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig) -> None:
+    """Run the dense forward through Triton's JIT (tests, tuner; the runtime caches plans)."""
+    for launch in fwd_launches(mod, spec, q, k, v, out, lse, mask, cfg):
+        launch.run()
+
+
+def attn_fwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                    max_seqlen_q: int, mask: MaskArgs, cfg: FwdConfig) -> None:
+    for launch in fwd_launches(mod, spec, q, k, v, out, lse, mask, cfg, cu_seqlens_q, cu_seqlens_k,
+                               max_seqlen_q):
+        launch.run()

@@ -1,0 +1,84 @@
+"""Kernel launches bound by name: the one launch ABI of every generated family.
+
+A family's launcher (fwd.py, bwd.py, ...) computes named values -- tensors, strides, lengths, mask
+values, constexprs -- and the generated kernel's own signature decides their order
+(`fn.arg_names`), so no launcher writes a kernel's positional argument list by hand and a template
+that adds a parameter needs no launcher edit beyond the value. By convention a kernel's pointer
+parameters come first: a cached launch replays the same scalars with new tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+INT32_LIMIT = 1 << 31
+MAX_GRID = (1 << 31) - 1  # CUDA's limit on the grid's x axis, the only axis attngen uses
+
+
+@dataclass
+class Launch:
+    """One kernel launch: `fn[(grid,)](*bound args, num_warps=, num_stages=)`."""
+
+    fn: Any  # a triton JITFunction (or the interpreter's InterpretedFunction)
+    grid: int
+    values: dict[str, Any]  # kernel parameter name -> value (constexprs included)
+    num_warps: int
+    num_stages: int
+    num_tensors: int = 0  # the leading pointer parameters (filled by bind())
+
+    def args(self) -> tuple:
+        names = self.fn.arg_names
+        missing = [n for n in names if n not in self.values]
+        if missing:
+            raise TypeError(f"{self.fn.__name__}: no value for parameter(s) {missing}")
+        return tuple(self.values[n] for n in names)
+
+    def run(self):
+        """Launch through Triton's JIT (compiles on the first call of a specialization); returns
+        what Triton returns (the compiled kernel on a GPU)."""
+        if self.grid == 0:
+            return None
+        return self.fn[(self.grid,)](*self.args(), num_warps=self.num_warps,
+                                     num_stages=self.num_stages)
+
+
+def programs(blocks: int, batch_heads: int, what: str) -> int:
+    """Programs of a (sequence blocks x batch x heads) 1-D grid; a clear error past CUDA's limit."""
+    n = blocks * batch_heads
+    if n > MAX_GRID:
+        raise ValueError(f"{what}: {blocks} blocks x {batch_heads} (batch x heads) = {n} programs is "
+                         f"above CUDA's grid limit {MAX_GRID}; use larger blocks or split the call")
+    return n
+
+
+def strides4(prefix: str, t, packed: bool = False) -> dict[str, int]:
+    """stride_<p>z/h/m/k of a (B, H, S, D) view, or of a packed (T, H, D) tensor (no batch axis:
+    documents are addressed through cu_seqlens)."""
+    if packed:
+        s = (0, t.stride(1), t.stride(0), t.stride(2))
+    else:
+        s = t.stride()
+    seq = "n" if prefix in ("k", "v", "dk", "dv") else "m"
+    return {f"stride_{prefix}z": s[0], f"stride_{prefix}h": s[1], f"stride_{prefix}{seq}": s[2],
+            f"stride_{prefix}k": s[3]}
+
+
+def lse_strides(t, packed: bool = False) -> dict[str, int]:
+    """stride_lz/lh/lm of the fp32 LSE-shaped tensors (B, H, S), or (H, T) packed."""
+    if packed:
+        return {"stride_lz": 0, "stride_lh": t.stride(0), "stride_lm": t.stride(1)}
+    return {"stride_lz": t.stride(0), "stride_lh": t.stride(1), "stride_lm": t.stride(2)}
+
+
+def span(t) -> int:
+    """1 + the largest element offset a kernel can form inside `t` (its numel when contiguous)."""
+    if t.is_contiguous():
+        return t.numel()
+    return 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n > 0)
+
+
+def needs_int64(*tensors) -> bool:
+    """True when an element offset inside one of `tensors` can pass 2^31: the kernels then form
+    sequence offsets in 64-bit (OFFS_64); everywhere else 32-bit arithmetic stays."""
+    return any(t is not None and span(t) >= INT32_LIMIT for t in tensors)
