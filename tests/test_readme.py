@@ -1,0 +1,102 @@
+"""The README stays true: its snippet runs (on the CPU, through Triton's interpreter), its set-up
+commands are CI's, its main job works, its benchmark table is the committed results, its images
+exist."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from attngen.cli import main
+from attngen.env import REPO_ROOT
+
+README = (REPO_ROOT / "README.md").read_text()
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, body) of every ``` block, in order."""
+    return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def snippet(marker: str) -> str:
+    start = README.index(f"<!-- snippet: {marker} -->")
+    lang, body = fenced_blocks(README[start:])[0]
+    assert lang == "python"
+    return body
+
+
+def test_snippet_runs_on_this_machine(tmp_path):
+    """A fresh process, as a user would run it: not in the repository, nothing set up by pytest."""
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet("cpu"))
+    env = {**os.environ, "ATTNGEN_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("TRITON_INTERPRET", None)  # attngen decides, as for a user
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.fullmatch(r"attngen \S+: all close on (cpu|cuda)", proc.stdout.strip().splitlines()[-1]), proc.stdout
+
+
+def test_set_up_commands_are_what_ci_runs():
+    (lang, setup), (lang2, tests) = fenced_blocks(README[README.index("## Set-up and main job"):])[:2]
+    assert (lang, lang2) == ("bash", "bash")
+    steps = [s.strip() for s in setup.strip().split("&&")]
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    # the same torch pin and package install as CI (CI adds -q)
+    assert steps[0].startswith("python3 -m pip install torch==") and steps[0].replace(
+        "pip install", "pip install -q") in ci, steps[0]
+    assert steps[1] == 'python3 -m pip install -e ".[test]"' and 'python3 -m pip install -q -e ".[test]"' in ci
+    assert steps[2] == "attngen build specs/llama.yaml"
+    assert tests.strip() == "python3 -m pytest -q -n 2 tests"
+    assert "\n" + tests.strip() + "\n" in ci
+
+
+def test_main_job_needs_no_writing_in_a_fresh_clone(monkeypatch, capsys):
+    """`attngen build specs/llama.yaml` from the clone: generated/ already holds its kernels."""
+    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.delenv("ATTNGEN_GENERATED_DIR", raising=False)
+    rc = main(["build", "specs/llama.yaml", "--check"])
+    out = capsys.readouterr()
+    assert rc == 0, out.out + out.err
+    assert out.out.startswith("generated/ is up to date")
+
+
+def half_up(x: float) -> int:
+    return math.floor(x + 0.5)
+
+
+def test_benchmark_table_is_the_committed_results():
+    runs = {m: json.loads((REPO_ROOT / f"benchmarks/results/h200_bench_{m}_2026-11-30.json").read_text())
+            for m in ("fwd", "fwdbwd")}
+    table = [line for line in README[README.index("## Benchmarks"):].splitlines()
+             if line.startswith("| ") and not line.startswith("| case")]
+    providers = ("attngen", "cudnn", "fa2", "flex")
+
+    def cells(row: dict) -> str:
+        return " / ".join(str(half_up(row["tflops"][p])) if isinstance(row["tflops"][p], float) else "–"
+                          for p in providers)
+
+    want = [f"{cells(a)} | {cells(b)}" for a, b in zip(runs["fwd"]["rows"], runs["fwdbwd"]["rows"], strict=True)]
+    got = [" | ".join(c.strip() for c in line.strip("|").split("|")[1:]) for line in table]
+    assert got == want
+
+
+def test_images_exist():
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)
+    assert any(p.endswith("h200_bench_fwd_2026-11-30.png") for p in images)
+    assert any(p.endswith("h200_bench_fwdbwd_2026-11-30.png") for p in images)
+    for path in images:
+        data = (REPO_ROOT / path).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n"), path
+
+
+@pytest.mark.parametrize("words", ["`attngen --version`", "`attngen` alone prints the usage"])
+def test_the_bare_command_and_version_are_explained(words):
+    assert words in README
