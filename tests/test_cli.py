@@ -481,9 +481,9 @@ def test_build_refuses_to_write_into_the_package(installed, tmp_path, monkeypatc
 
 
 def test_version_is_the_package_version(capsys):
-    import tomllib
-
     from attngen import __version__
+
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
     rc, stdout, stderr = run(capsys, "--version")
     assert (rc, stdout, stderr) == (0, f"attngen {__version__}\n", "")

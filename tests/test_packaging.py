@@ -5,10 +5,13 @@ which the tests run from, would never notice)."""
 from __future__ import annotations
 
 import subprocess
-import tomllib
 from pathlib import Path
 
+import pytest
+
 from attngen.env import REPO_ROOT
+
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 
 
 def package_inits() -> list[Path]:
