@@ -32,7 +32,7 @@ TARGETS = ("sm80", "sm90")
 FAMILIES = ("fwd", "bwd")
 IMPLEMENTED_DTYPES = ("fp16", "bf16")  # fp8 kernels arrive with the FP8 family
 MAX_HEAD_DIM = 256
-MIN_HEAD_DIM = 16
+MIN_HEAD_DIM = 8  # any head dim from 8 to 256: tiles pad to a power of two >= 16
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-]*")  # used with fullmatch: no trailing "\n"
 
@@ -105,8 +105,8 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
         p.append(f"target must be one of {TARGETS}, got {k.target!r}")
     for name in ("head_dim_qk", "head_dim_v"):
         v = getattr(k, name)
-        if not _is_int(v) or not MIN_HEAD_DIM <= v <= MAX_HEAD_DIM or v % 8:
-            p.append(f"{name} must be a multiple of 8 in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {v!r}")
+        if not _is_int(v) or not MIN_HEAD_DIM <= v <= MAX_HEAD_DIM:
+            p.append(f"{name} must be an integer in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}], got {v!r}")
     if not _is_int(k.gqa_ratio) or k.gqa_ratio < 1:
         p.append(f"gqa_ratio must be an integer >= 1, got {k.gqa_ratio!r}")
     if k.mask not in INNER_MASKS:
@@ -261,11 +261,7 @@ class _Entry:
 
 
 def _head_dim(e: _Entry, field: str) -> int | None:
-    v = e.int_field(field, MIN_HEAD_DIM, MAX_HEAD_DIM)
-    if v is not None and v % 8:
-        e.bad(field, f"must be a multiple of 8 (16-byte rows), got {v}")
-        return None
-    return v
+    return e.int_field(field, MIN_HEAD_DIM, MAX_HEAD_DIM)
 
 
 def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEntry | None:

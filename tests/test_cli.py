@@ -51,7 +51,7 @@ kernels:
     targets: sm80
     families: fwd
   - name: broken
-    head_dim: 100
+    head_dim: 300
     gqa_ratio: 1
     mask: none
     dtypes: fp16
@@ -165,7 +165,7 @@ def test_bad_spec_returns_2_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "gen"
     rc, stdout, stderr = run(capsys, "build", bad, "--out", out)
     assert rc == 2
-    assert f"{bad}: kernel 'broken' (entry 1): field 'head_dim': must be a multiple of 8" in stderr
+    assert f"{bad}: kernel 'broken' (entry 1): field 'head_dim': must be in [8, 256], got 300" in stderr
     assert "nothing written" in stderr
     assert "Traceback" not in stderr + stdout
     assert not out.exists()
@@ -210,7 +210,7 @@ def test_every_problem_of_every_file_at_once(tmp_path, capsys):
     """Two bad files and a duplicate name across files: every problem, one exit, nothing written."""
     folder = tmp_path / "specs"
     folder.mkdir()
-    (folder / "a.yaml").write_text(SPEC_A.replace("head_dim: 64", "head_dim: 100"))
+    (folder / "a.yaml").write_text(SPEC_A.replace("head_dim: 64", "head_dim: 300"))
     (folder / "b.yaml").write_text(SPEC_B.replace("b_swa", "a_causal").replace("    window: 128\n", ""))
     (folder / "c.yaml").write_text(BAD.replace("dtypes: fp16\n    targets: sm80\n    families",
                                                "dtypes: fp8_e4m3\n    targets: sm90\n    families"))
@@ -221,13 +221,13 @@ def test_every_problem_of_every_file_at_once(tmp_path, capsys):
     a, b, c = (folder / n for n in ("a.yaml", "b.yaml", "c.yaml"))
     assert stderr.splitlines() == [
         "attngen build: 5 problem(s), nothing written:",
-        f"{a}: kernel 'a_causal' (entry 0): field 'head_dim': must be a multiple of 8 (16-byte rows), got 100",
+        f"{a}: kernel 'a_causal' (entry 0): field 'head_dim': must be in [8, 256], got 300",
         f"{b}: kernel 'a_causal' (entry 0): field 'window': is required for a sliding-window mask",
         f"{b}: kernel 'a_causal' (entry 0): field 'name': also used by {a} (entry 0); entry names "
         "must be unique across the spec files of one build",
         f"{c}: kernel 'ok' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels are not implemented yet "
         "(implemented: fp16, bf16)",
-        f"{c}: kernel 'broken' (entry 1): field 'head_dim': must be a multiple of 8 (16-byte rows), got 100",
+        f"{c}: kernel 'broken' (entry 1): field 'head_dim': must be in [8, 256], got 300",
     ]
 
 

@@ -65,11 +65,10 @@ ENTRY_ROWS = [
     ("mask_list", {"mask": ["causal"]}, "mask", "must be one of"),
     ("description_list", {"description": ["free", "text"]}, "description", "must be a string"),
     ("targets_nested_list", {"targets": [["sm80"]]}, "targets", "unknown value"),
-    ("head_dim_512", {"head_dim": 512}, "head_dim", "in [16, 256], got 512"),
-    ("head_dim_8", {"head_dim": 8}, "head_dim", "in [16, 256], got 8"),
-    ("head_dim_100", {"head_dim": 100}, "head_dim", "multiple of 8"),
-    ("head_dim_qk_100", {"head_dim": DROP, "head_dim_qk": 100, "head_dim_v": 128}, "head_dim_qk",
-     "multiple of 8"),
+    ("head_dim_512", {"head_dim": 512}, "head_dim", "in [8, 256], got 512"),
+    ("head_dim_4", {"head_dim": 4}, "head_dim", "in [8, 256], got 4"),
+    ("head_dim_qk_7", {"head_dim": DROP, "head_dim_qk": 7, "head_dim_v": 128}, "head_dim_qk",
+     "in [8, 256], got 7"),
     ("head_dim_v_300", {"head_dim": DROP, "head_dim_qk": 128, "head_dim_v": 300}, "head_dim_v",
      "got 300"),
     ("head_dim_and_head_dim_qk", {"head_dim_qk": 128}, "head_dim_qk", "not both"),
@@ -210,11 +209,11 @@ def test_key_given_twice_is_an_error_not_last_wins(tmp_path):
 
 
 def test_every_problem_is_listed_at_once(tmp_path):
-    path = write_spec(tmp_path, {"kernels": [entry(name="a", head_dim=100),
+    path = write_spec(tmp_path, {"kernels": [entry(name="a", head_dim=300),
                                              entry(name="b", mask="sliding_window", dtypes=["fp32"])]})
     err = spec_error(path)
     assert err.problems == [
-        f"{path}: kernel 'a' (entry 0): field 'head_dim': must be a multiple of 8 (16-byte rows), got 100",
+        f"{path}: kernel 'a' (entry 0): field 'head_dim': must be in [8, 256], got 300",
         f"{path}: kernel 'b' (entry 1): field 'window': is required for a sliding-window mask",
         f"{path}: kernel 'b' (entry 1): field 'dtypes': unknown value 'fp32' (expected fp16, bf16, fp8_e4m3)",
     ]
@@ -367,10 +366,10 @@ def test_fp8_is_rejected_by_the_spec_check(tmp_path):
 
 def test_duplicate_name_is_reported_with_the_other_problems(tmp_path):
     """The second 'dup' is broken too: the duplicate is still reported, next to its problem."""
-    path = write_spec(tmp_path, {"kernels": [entry(name="dup"), entry(name="dup", head_dim=100),
+    path = write_spec(tmp_path, {"kernels": [entry(name="dup"), entry(name="dup", head_dim=300),
                                              entry(name="other", mask="alibi")]})
     assert spec_error(path).problems == [
-        f"{path}: kernel 'dup' (entry 1): field 'head_dim': must be a multiple of 8 (16-byte rows), got 100",
+        f"{path}: kernel 'dup' (entry 1): field 'head_dim': must be in [8, 256], got 300",
         f"{path}: kernel 'other' (entry 2): field 'mask': must be one of none, causal, sliding_window, "
         "document, got 'alibi'",
         f"{path}: kernel 'dup': field 'name': used by more than one entry (entries 0, 1)",
@@ -418,7 +417,7 @@ def test_parse_spec_default_path():
 
 @pytest.mark.parametrize("bad", [
     {"dtype": "fp8_e4m3", "target": "sm80"},
-    {"head_dim_qk": 100},
+    {"head_dim_qk": 300},
     {"mask": "document"},
     {"gqa_ratio": 0},
     {"family": "decode"},
@@ -475,7 +474,7 @@ def test_doc_tables_list_every_field():
 
 def test_load_specs_reports_every_problem_of_every_file(tmp_path):
     """Not only the first bad file's problems: every file's, in order, and a missing target too."""
-    a = write_spec(tmp_path, {"kernels": [entry(name="a", head_dim=100)]}, "a.yaml")
+    a = write_spec(tmp_path, {"kernels": [entry(name="a", head_dim=300)]}, "a.yaml")
     ok = write_spec(tmp_path, {"kernels": [entry(name="fine")]}, "ok.yaml")
     b = write_spec(tmp_path, {"kernels": [entry(name="b", dtypes=["fp8_e4m3"], targets="sm90"),
                                           entry(name="b2", mask=DROP)]}, "b.yaml")
@@ -486,7 +485,7 @@ def test_load_specs_reports_every_problem_of_every_file(tmp_path):
     problems = info.value.problems
     assert problems[:4] == [
         f"{missing}: no such spec file or folder",
-        f"{a}: kernel 'a' (entry 0): field 'head_dim': must be a multiple of 8 (16-byte rows), got 100",
+        f"{a}: kernel 'a' (entry 0): field 'head_dim': must be in [8, 256], got 300",
         f"{b}: kernel 'b' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels are not implemented yet "
         "(implemented: fp16, bf16)",
         f"{b}: kernel 'b2' (entry 1): field 'mask': is required (one of none, causal, sliding_window, document)",
@@ -500,11 +499,11 @@ def test_load_specs_duplicate_names_across_files(tmp_path):
                        "a.yaml")
     # the second file's entry is broken as well: the duplicate is reported with its problem
     second = write_spec(tmp_path, {"kernels": [entry(name="x", dtypes=["fp16"]),
-                                               entry(name="shared", head_dim=8)]}, "b.yaml")
+                                               entry(name="shared", head_dim=4)]}, "b.yaml")
     with pytest.raises(SpecError) as info:
         load_specs([first, second])
     assert info.value.problems == [
-        f"{second}: kernel 'shared' (entry 1): field 'head_dim': must be in [16, 256], got 8",
+        f"{second}: kernel 'shared' (entry 1): field 'head_dim': must be in [8, 256], got 4",
         f"{second}: kernel 'shared' (entry 1): field 'name': also used by {first} (entry 0); entry "
         "names must be unique across the spec files of one build",
     ]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 
-FAMILY_TEMPLATES = {"fwd": "attn_fwd.py.jinja", "bwd": "attn_bwd.py.jinja"}
+from attngen.families import FAMILIES
+
+FAMILY_TEMPLATES = {name: f.template for name, f in FAMILIES.items()}
 HASH_LEN = 10
 
 

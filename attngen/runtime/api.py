@@ -1,4 +1,14 @@
-"""`attngen.attention`: validate a call, pick and load the generated kernel, launch it."""
+"""`attngen.attention` / `attention_varlen`: validate a call once, keep its launch plan, launch.
+
+Three ways in, one implementation:
+* eager, no gradient wanted: a plan cache keyed by shapes, strides, dtypes, device and options; a
+  hit is one dict lookup, the output allocations and the launches (attngen.runtime.plans);
+* a gradient wanted, or inside torch.compile: the `attngen::attention_fwd` / `attention_bwd` custom
+  ops (attngen.runtime.ops), whose implementations use the same plans;
+* a miss validates the call (errors name the argument), picks kernel and config
+  (attngen.runtime.dispatch) and builds the plan.
+Nothing on the traced path takes a lock, reads the environment or writes tensor attributes.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +18,15 @@ from dataclasses import dataclass
 import torch
 
 from attngen import env
+from attngen.kernels.bwd import bwd_launches
 from attngen.kernels.common import MaskArgs, default_scale, mask_kind
-from attngen.kernels.bwd import attn_bwd, attn_bwd_varlen
-from attngen.kernels.fwd import attn_fwd, attn_fwd_varlen
+from attngen.kernels.fwd import fwd_launches
 from attngen.runtime import dispatch, loader
+from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
+from attngen.tuning.buckets import ShapeBucket, bucket_of
+
+MIN_HEAD_DIM = 8
 
 
 def _fail(msg: str) -> None:
@@ -45,8 +59,8 @@ def check_head_dims(dqk: int, dk: int, dv: int) -> None:
     for name, d in (("q", dqk), ("v", dv)):
         if d > MAX_HEAD_DIM:
             _fail(f"{name}: head dim {d} is above the supported maximum {MAX_HEAD_DIM}")
-        if d < 16 or d % 8:
-            _fail(f"{name}: head dim {d} must be a multiple of 8, at least 16")
+        if d < MIN_HEAD_DIM:
+            _fail(f"{name}: head dim {d} is below the supported minimum {MIN_HEAD_DIM}")
 
 
 def check_heads(hq: int, hkv: int, hv: int, dqk: int, dk: int, dv: int) -> None:
@@ -76,20 +90,82 @@ def check_alignment(causal_alignment: str) -> bool:
     return causal_alignment == "top_left"
 
 
-@functools.lru_cache(maxsize=1024)
-def _kernel_spec(*fields) -> KernelSpec:
-    return KernelSpec(*fields)
+
+def check_layout(layout) -> None:
+    if layout not in ("bhsd", "bshd"):
+        _fail(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
 
 
-def kernel_for(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
-               mask: str, softcap: float, varlen: bool) -> tuple[KernelSpec, bool]:
-    """(spec, interpret) for a validated call."""
-    interpret = env.interpreting()
+@dataclass(frozen=True)
+class Options:
+    """A validated call's launch-time values (hashable: part of every plan key)."""
+
+    mask: str  # "none" | "causal" | "sliding_window"
+    scale: float
+    softcap: float
+    window_left: int
+    window_right: int
+    top_left: bool
+    layout: str  # "bhsd" | "bshd" | "packed"
+
+    @property
+    def mask_args(self) -> MaskArgs:
+        return MaskArgs(scale=self.scale, softcap=self.softcap, window_left=self.window_left,
+                        window_right=self.window_right, align_top_left=self.top_left)
+
+
+def make_options(head_dim: int, causal, window_size, softcap, scale, causal_alignment, layout) -> Options:
+    left, right = check_options(window_size, softcap, scale)
+    top_left = check_alignment(causal_alignment)
+    mask, wl, wr = mask_kind(bool(causal), (left, right))
+    return Options(mask, float(scale) if scale is not None else default_scale(head_dim),
+                   float(softcap), wl, wr, top_left, layout)
+
+
+def dense_views(q, k, v, layout: str):
+    """(B, H, S, D) views of the user's tensors (no copies)."""
+    if layout == "bshd":
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    return q, k, v
+
+
+def check_dense(q, k, v, layout: str) -> torch.dtype:
+    check_layout(layout)
+    dtype = check_tensors({"q": q, "k": k, "v": v}, 4,
+                          "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)")
+    qv, kv, vv = dense_views(q, k, v, layout)
+    B, Hq, Sq, D = qv.shape
+    Bk, Hkv, Sk, Dk = kv.shape
+    Bv, Hv, Sv, Dv = vv.shape
+    if Bk != B or Bv != B:
+        _fail(f"k, v: batch sizes {Bk}, {Bv} differ from q's {B}")
+    if Sv != Sk:
+        _fail(f"v: sequence length {Sv} differs from k's {Sk}")
+    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
+    for name, n in (("q", Sq), ("k", Sk)):
+        if n >= (1 << 31) - 1024:
+            _fail(f"{name}: sequence length {n} is beyond what the kernels index (2^31 - 1024)")
+    return dtype
+
+
+def check_device(device: torch.device, interpret: bool) -> None:
     if device.type not in ("cpu", "cuda"):
         _fail(f"q: device {device} is not supported (cuda, or cpu through Triton's interpreter)")
     if device.type == "cpu" and not interpret:
         _fail("q: CPU tensors run through Triton's interpreter, which is off in this process: set "
               "TRITON_INTERPRET=1 before importing attngen/triton, or move the tensors to a GPU")
+
+
+@functools.lru_cache(maxsize=1024)
+def _kernel_spec(*fields) -> KernelSpec:
+    return KernelSpec(*fields)
+
+
+def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
+                mask: str, softcap: float, varlen: bool) -> tuple[KernelSpec, bool]:
+    """(spec, interpret) for a validated call (plan misses only)."""
+    interpret = env.interpreting()
+    check_device(device, interpret)
     spec = _kernel_spec(family, dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device), dqk, dv,
                         gqa, mask, softcap > 0, varlen)
     if interpret and dtype == torch.bfloat16:
@@ -99,65 +175,152 @@ def kernel_for(family: str, dtype: torch.dtype, device: torch.device, dqk: int, 
     return spec, interpret
 
 
-@dataclass(frozen=True)
-class _Call:
-    """Everything a call decided before launching: one object for forward and backward."""
-
-    spec: KernelSpec  # the forward kernel; backward uses spec.replace(family="bwd")
-    mask: MaskArgs
-    kind: str  # "cuda" | "cpu" (interpreter): picks the default configs
-    deterministic: bool
-    max_seqlen_q: int = 0
-    max_seqlen_k: int = 0
+# --------------------------------------------------------------------------------------------------
+# plans
 
 
-def _run_forward(q, k, v, cu_q, cu_k, call: _Call, out):
-    spec = call.spec
-    mod = loader.load(spec)
-    if spec.varlen:
-        cfg = dispatch.fwd_config(spec, call.kind, call.max_seqlen_q)
-        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-        attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu_q, cu_k, call.max_seqlen_q, call.mask, cfg)
-    else:
-        cfg = dispatch.fwd_config(spec, call.kind, q.shape[2])
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-        attn_fwd(mod, spec, q, k, v, out, lse, call.mask, cfg)
-    return out, lse
+class ForwardPlan:
+    """The forward of one (shapes, strides, dtypes, device, options) key."""
 
+    def __init__(self, q, k, v, opts: Options, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0):
+        packed = opts.layout == "packed"
+        qv, kv, vv = (q, k, v) if packed else dense_views(q, k, v, opts.layout)
+        if packed:
+            hq, hkv, dqk, dv = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+            bucket = bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq)
+            self.out_shape, self.lse_shape = (q.shape[0], hq, dv), (hq, q.shape[0])
+        else:
+            B, hq, sq, dqk = qv.shape
+            hkv, sk, dv = kv.shape[1], kv.shape[2], vv.shape[3]
+            bucket = bucket_of(sq, sk, B * hq)
+            self.out_shape = (B, sq, hq, dv) if opts.layout == "bshd" else (B, hq, sq, dv)
+            self.lse_shape = (B, hq, sq)
+        self.dtype, self.device, self.layout, self.bucket = q.dtype, q.device, opts.layout, bucket
+        self.spec, interpret = kernel_spec("fwd", q.dtype, q.device, dqk, dv, hq // hkv, opts.mask,
+                                           opts.softcap, packed)
+        self.module = loader.load(self.spec)
+        self.device_class = dispatch.device_class(q.device, interpret)
+        self.config, self.config_source = dispatch.select_config(
+            self.spec, self.module.TEMPLATE_HASH, self.device_class, bucket)
+        out, lse = self.empty()
+        self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
+                                          opts.mask_args, self.config, cu_q, cu_k, max_q)
+        self.launches = [CompiledLaunch(la, q.device, interpret) for la in self.launches_spec]
 
-def _apply(q, k, v, cu_q, cu_k, call: _Call, out):
-    """Through autograd only when a gradient is wanted (the Function costs tens of microseconds)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _Attention.apply(q, k, v, cu_q, cu_k, call, out)
-    return _run_forward(q, k, v, cu_q, cu_k, call, out)
+    def empty(self):
+        return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
+                torch.empty(self.lse_shape, dtype=torch.float32, device=self.device))
 
+    def out_view(self, out):
+        return out.transpose(1, 2) if self.layout == "bshd" else out
 
-class _Attention(torch.autograd.Function):
-    """Dense (B, H, S, D) views or packed (T, H, D) tensors (call.spec.varlen)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, call: _Call, out):
-        out, lse = _run_forward(q, k, v, cu_q, cu_k, call, out)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.call = call
-        ctx.mark_non_differentiable(lse)
+    def run(self, q, k, v, cu_q=None, cu_k=None):
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q,
+                   "cu_seqlens_k": cu_k}
+        ok = aligned(q, k, v, cu_q, cu_k)
+        for launch in self.launches:
+            launch(tensors, ok)
         return out, lse
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        call: _Call = ctx.call
-        spec = call.spec.replace(family="bwd")
-        mod = loader.load(spec)
-        cfg = dispatch.bwd_config(spec, call.kind)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if spec.varlen:
-            attn_bwd_varlen(mod, spec, q, k, v, out, dout, lse, dq, dk, dv, cu_q, cu_k,
-                            call.max_seqlen_q, call.max_seqlen_k, call.mask, cfg, call.deterministic)
+
+class BackwardPlan:
+    """The backward of one key: preprocess, dK/dV, dQ (or fp32 atomics into a dQ accumulator)."""
+
+    def __init__(self, dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None,
+                 cu_k=None, max_q: int = 0, max_k: int = 0):
+        packed = opts.layout == "packed"
+        if packed:
+            hq, hkv, dqk, dv = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
+            bucket = bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq)
         else:
-            attn_bwd(mod, spec, q, k, v, out, dout, lse, dq, dk, dv, call.mask, cfg,
-                     call.deterministic)
-        return dq, dk, dv, None, None, None, None
+            qv, kv, vv = dense_views(q, k, v, opts.layout)
+            B, hq, sq, dqk = qv.shape
+            hkv, sk, dv = kv.shape[1], kv.shape[2], vv.shape[3]
+            bucket = bucket_of(sq, sk, B * hq)
+        self.spec, interpret = kernel_spec("bwd", q.dtype, q.device, dqk, dv, hq // hkv, opts.mask,
+                                           opts.softcap, packed)
+        self.module = loader.load(self.spec)
+        self.device_class = dispatch.device_class(q.device, interpret)
+        self.config, self.config_source = dispatch.select_config(
+            self.spec, self.module.TEMPLATE_HASH, self.device_class, bucket)
+        self.bucket = bucket
+        self.atomic = self.config.atomic_dq and not deterministic
+        dq, dk, dv_, delta, dq_acc = self._buffers(q, k, v, lse)
+        views = [t.transpose(1, 2) if opts.layout == "bshd" else t
+                 for t in (q, k, v, out, dout, dq_acc, dk, dv_)]
+        qv, kv, vv, outv, doutv, dqv, dkv, dvv = views
+        launches = bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
+                                dvv, opts.mask_args, self.config, self.atomic, cu_q, cu_k, max_q, max_k)
+        self.launches = [CompiledLaunch(la, q.device, interpret) for la in launches]
+
+    def _buffers(self, q, k, v, lse):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
+        dq_acc = torch.zeros_like(q, dtype=torch.float32) if self.atomic else dq
+        return dq, dk, dv, delta, dq_acc
+
+    def run(self, dout, q, k, v, out, lse, cu_q=None, cu_k=None):
+        dq, dk, dv, delta, dq_acc = self._buffers(q, k, v, lse)
+        if q.numel() == 0 or k.numel() == 0:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
+                   "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+        ok = aligned(q, k, v, out, dout, cu_q, cu_k)
+        for launch in self.launches:
+            launch(tensors, ok)
+        if self.atomic:
+            dq.copy_(dq_acc)
+        return dq, dk, dv
+
+
+_FWD = PlanCache()  # implementation-level key -> ForwardPlan
+_BWD = PlanCache()
+_FAST = PlanCache()  # attention()'s own argument key -> ForwardPlan (the eager no-grad fast path)
+
+
+def _fwd_key(q, k, v, opts, cu_q, max_q, max_k):
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
+            None if cu_q is None else cu_q.shape, max_q, max_k)
+
+
+def forward_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0) -> ForwardPlan:
+    key = _fwd_key(q, k, v, opts, cu_q, max_q, max_k)
+    plan = _FWD.get(key)
+    if plan is None:
+        plan = _FWD.put(key, ForwardPlan(q, k, v, opts, cu_q, cu_k, max_q, max_k))
+    return plan
+
+
+def forward_impl(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0):
+    """(out, lse) in the caller's layout; the body of the forward op."""
+    if opts.layout == "packed":
+        check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
+    return forward_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k).run(q, k, v, cu_q, cu_k)
+
+
+def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None, cu_k=None,
+                  max_q=0, max_k=0):
+    """(dq, dk, dv); the body of the backward op."""
+    if dout.stride() != out.stride():  # e.g. the expanded gradient of out.sum()
+        dout = dout.contiguous() if out.is_contiguous() else torch.empty_like(out).copy_(dout)
+    key = (dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+           out.stride(), q.dtype, q.device, opts, deterministic,
+           None if cu_q is None else cu_q.shape, max_q, max_k)
+    plan = _BWD.get(key)
+    if plan is None:
+        plan = _BWD.put(key, BackwardPlan(dout, q, k, v, out, lse, opts, deterministic, cu_q, cu_k,
+                                          max_q, max_k))
+    return plan.run(dout, q, k, v, out, lse, cu_q, cu_k)
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+
+def _wants_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
 def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
@@ -165,45 +328,36 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
-    layout="bshd" (as flash-attn). Returns out in q's layout, and with return_lse also the fp32
-    logsumexp (B, Hq, Sq) (not differentiable). window_size=(left, right) as flash-attn, -1 =
-    unbounded; causal_alignment "bottom_right" (flash-attn, default) or "top_left" (SDPA) places the
-    diagonal when Sq != Sk. deterministic=True makes the backward bitwise reproducible (dQ in its
-    own pass instead of atomics). CPU tensors run through Triton's interpreter (slow; for tests).
+    layout="bshd" (as flash-attn). Head dims 8..256, any value. Returns out in q's layout, and with
+    return_lse also the fp32 logsumexp (B, Hq, Sq) (not differentiable). window_size=(left, right)
+    as flash-attn, -1 = unbounded; causal_alignment "bottom_right" (flash-attn, default) or
+    "top_left" (SDPA) places the diagonal when Sq != Sk. deterministic=True makes the backward
+    bitwise reproducible (dQ in its own pass instead of atomics). CPU tensors run through Triton's
+    interpreter (slow; for tests). Works under torch.compile(fullgraph=True) and CUDA graphs.
     """
-    if layout not in ("bhsd", "bshd"):
-        _fail(f"layout: must be 'bhsd' or 'bshd', got {layout!r}")
-    dtype = check_tensors({"q": q, "k": k, "v": v}, 4,
-                          "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)")
-    left, right = check_options(window_size, softcap, scale)
-    top_left = check_alignment(causal_alignment)
-    if layout == "bshd":
-        qv, kv, vv = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        try:  # the fast path: a warm call is this lookup, two allocations and the launches
+            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+                   v.dtype, q.device, layout, causal, window_size, softcap, scale, causal_alignment)
+            plan = _FAST.get(key)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
+            key = plan = None
+        if plan is not None and not _wants_grad(q, k, v):
+            out, lse = plan.run(q, k, v)
+            return (out, lse) if return_lse else out
+    check_dense(q, k, v, layout)
+    opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    if compiling or _wants_grad(q, k, v):
+        from attngen.runtime import ops
+
+        out, lse = ops.attention_fwd(q, k, v, None, None, 0, 0, opts, bool(deterministic))
     else:
-        qv, kv, vv = q, k, v
-    B, Hq, Sq, D = qv.shape
-    Bk, Hkv, Sk, Dk = kv.shape
-    Bv, Hv, Sv, Dv = vv.shape
-    if Bk != B or Bv != B:
-        _fail(f"k, v: batch sizes {Bk}, {Bv} differ from q's {B}")
-    if Sv != Sk:
-        _fail(f"v: sequence length {Sv} differs from k's {Sk}")
-    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
-    mask, wl, wr = mask_kind(bool(causal), (left, right))
-    spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, False)
-    call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
-                                          softcap=float(softcap), window_left=wl, window_right=wr,
-                                          align_top_left=top_left),
-                 kind=dispatch.device_kind(q.device, interpret), deterministic=bool(deterministic))
-    if layout == "bshd":
-        out = torch.empty((B, Sq, Hq, Dv), dtype=dtype, device=q.device)
-        out_v = out.transpose(1, 2)
-    else:
-        out = out_v = torch.empty((B, Hq, Sq, Dv), dtype=dtype, device=q.device)
-    o, lse = _apply(qv, kv, vv, None, None, call, out_v)
-    if layout == "bshd":
-        o = o.transpose(1, 2)
-    return (o, lse) if return_lse else o
+        plan = forward_plan(q, k, v, opts)
+        if key is not None:
+            _FAST.put(key, plan)
+        out, lse = plan.run(q, k, v)
+    return (out, lse) if return_lse else out
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, host: torch.Tensor, total: int,
@@ -244,6 +398,37 @@ def _check_cu_values(cu_q, cu_k, Tq, Tk, max_seqlen_q, max_seqlen_k, device) -> 
             _fail(f"{name}: {mx} is below the longest document ({int(lens.max())})")
 
 
+
+
+def check_cu_values(cu_q, cu_k, Tq, Tk, max_seqlen_q, max_seqlen_k, device) -> None:
+    """Value checks need the values on the host (a device sync). A training step passes the same
+    cu_seqlens to every layer, so a tensor that passed once is not checked again until it is
+    modified in place (its version counter moves) or used with other sizes. Runs inside the op's
+    implementation, never on a traced path."""
+    key = (id(cu_q), id(cu_k), cu_q._version, cu_k._version, Tq, Tk, max_seqlen_q, max_seqlen_k)
+    if getattr(cu_q, "_attngen_checked", None) != key or getattr(cu_k, "_attngen_checked", None) != key:
+        _check_cu_values(cu_q, cu_k, Tq, Tk, max_seqlen_q, max_seqlen_k, device)
+        cu_q._attngen_checked = cu_k._attngen_checked = key
+
+
+def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k) -> torch.dtype:
+    dtype = check_tensors({"q": q, "k": k, "v": v}, 3, "(total, H, D)")
+    Tq, Hq, D = q.shape
+    Tk, Hkv, Dk = k.shape
+    Tv, Hv, Dv = v.shape
+    if Tv != Tk:
+        _fail(f"v: packed length {Tv} differs from k's {Tk}")
+    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
+    _cu_metadata("cu_seqlens_q", cu_q)
+    _cu_metadata("cu_seqlens_k", cu_k)
+    if cu_k.numel() != cu_q.numel():
+        _fail(f"cu_seqlens_k: {cu_k.numel() - 1} documents, cu_seqlens_q has {cu_q.numel() - 1}")
+    for name, mx in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
+        if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
+            _fail(f"{name}: must be an int >= 0, got {mx!r}")
+    return dtype
+
+
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
                      return_lse=False, deterministic=False, causal_alignment="bottom_right"):
@@ -251,36 +436,13 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
     fp32 logsumexp (Hq, total_q). Differentiable."""
-    dtype = check_tensors({"q": q, "k": k, "v": v}, 3, "(total, H, D)")
-    left, right = check_options(window_size, softcap, scale)
-    top_left = check_alignment(causal_alignment)
-    Tq, Hq, D = q.shape
-    Tk, Hkv, Dk = k.shape
-    Tv, Hv, Dv = v.shape
-    if Tv != Tk:
-        _fail(f"v: packed length {Tv} differs from k's {Tk}")
-    check_heads(Hq, Hkv, Hv, D, Dk, Dv)
-    _cu_metadata("cu_seqlens_q", cu_seqlens_q)
-    _cu_metadata("cu_seqlens_k", cu_seqlens_k)
-    if cu_seqlens_k.numel() != cu_seqlens_q.numel():
-        _fail(f"cu_seqlens_k: {cu_seqlens_k.numel() - 1} documents, cu_seqlens_q has "
-              f"{cu_seqlens_q.numel() - 1}")
-    # Value checks need the values on the host (a device sync). A training step passes the same
-    # cu_seqlens to every layer, so a tensor that passed once is not checked again until it is
-    # modified in place (its version counter moves) or used with other sizes.
-    key = (id(cu_seqlens_q), id(cu_seqlens_k), cu_seqlens_q._version, cu_seqlens_k._version, Tq, Tk,
-           max_seqlen_q, max_seqlen_k)
-    if (getattr(cu_seqlens_q, "_attngen_checked", None) != key
-            or getattr(cu_seqlens_k, "_attngen_checked", None) != key):
-        _check_cu_values(cu_seqlens_q, cu_seqlens_k, Tq, Tk, max_seqlen_q, max_seqlen_k, q.device)
-        cu_seqlens_q._attngen_checked = cu_seqlens_k._attngen_checked = key
-    mask, wl, wr = mask_kind(bool(causal), (left, right))
-    spec, interpret = kernel_for("fwd", dtype, q.device, D, Dv, Hq // Hkv, mask, softcap, True)
-    call = _Call(spec=spec, mask=MaskArgs(scale=float(scale) if scale is not None else default_scale(D),
-                                          softcap=float(softcap), window_left=wl, window_right=wr,
-                                          align_top_left=top_left),
-                 kind=dispatch.device_kind(q.device, interpret), deterministic=bool(deterministic),
-                 max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
-    out = torch.empty((Tq, Hq, Dv), dtype=dtype, device=q.device)
-    o, lse = _apply(q, k, v, cu_seqlens_q, cu_seqlens_k, call, out)
-    return (o, lse) if return_lse else o
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
+    if torch.compiler.is_compiling() or _wants_grad(q, k, v):
+        from attngen.runtime import ops
+
+        out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                     opts, bool(deterministic))
+    else:
+        out, lse = forward_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,79 @@
+"""`attngen::attention_fwd` / `attngen::attention_bwd`: torch.library custom ops with fake-tensor
+implementations and registered autograd, so that torch.compile(fullgraph=True) traces attention as
+one opaque node (forward and backward) and CUDA graphs capture its launches. Their implementations
+are the runtime's plan-cached forward_impl / backward_impl; nothing here runs while tracing."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from attngen.runtime import api
+
+
+def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "api.Options":
+    return api.Options(mask, scale, softcap, window_left, window_right, top_left, layout)
+
+
+def _out_shapes(q, v, layout):
+    if layout == "packed":
+        return (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0])
+    if layout == "bshd":
+        return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[2], q.shape[1])
+    return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[1], q.shape[2])
+
+
+@torch.library.custom_op("attngen::attention_fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
+         softcap: float, window_left: int, window_right: int, mask: str, top_left: bool, layout: str,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    opts = _opts(scale, softcap, window_left, window_right, mask, top_left, layout)
+    return api.forward_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap,
+              window_left, window_right, mask, top_left, layout, deterministic):
+    out_shape, lse_shape = _out_shapes(q, v, layout)
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("attngen::attention_bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+         lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+         max_seqlen_q: int, max_seqlen_k: int, scale: float, softcap: float, window_left: int,
+         window_right: int, mask: str, top_left: bool, layout: str,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    opts = _opts(scale, softcap, window_left, window_right, mask, top_left, layout)
+    return api.backward_impl(dout, q, k, v, out, lse, opts, deterministic, cu_seqlens_q,
+                             cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, *args):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, max_q, max_k, scale, softcap, wl, wr, mask, top_left, layout,
+     deterministic) = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.args = (max_q, max_k, scale, softcap, wl, wr, mask, top_left, layout, deterministic)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _bwd(dout, q, k, v, out, lse, cu_q, cu_k, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("attngen::attention_fwd", _backward, setup_context=_setup_context)
+
+
+def attention_fwd(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: "api.Options", deterministic: bool):
+    return _fwd(q, k, v, cu_q, cu_k, max_q, max_k, opts.scale, opts.softcap, opts.window_left,
+                opts.window_right, opts.mask, opts.top_left, opts.layout, deterministic)

@@ -1,0 +1,65 @@
+"""`attngen.explain` (which kernel, config and bucket a call uses, and why) and `attngen.warmup`
+(compile the configs of given shape buckets ahead of time, for servers)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from attngen.runtime import api, dispatch
+
+
+def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
+            causal_alignment="bottom_right", deterministic=False) -> dict:
+    """What attngen.attention(q, k, v, **same options) would run, without running it."""
+    api.check_dense(q, k, v, layout)
+    opts = api.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    plan = api.forward_plan(q, k, v, opts)
+    bwd_spec = plan.spec.replace(family="bwd")
+    from attngen.runtime import loader
+
+    bwd_mod = loader.load(bwd_spec)
+    bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.TEMPLATE_HASH, plan.device_class,
+                                                 plan.bucket)
+    launch = plan.launches_spec[0]
+    why = ("the tuning database's winner for this kernel, device class and bucket (or its nearest "
+           "tuned bucket)" if plan.config_source == "tuned" else
+           "the family's default table (nothing tuned for this kernel and device class)")
+    return {
+        "kernel": plan.spec.uri, "file": str(plan.module.__file__), "device_class": plan.device_class,
+        "bucket": plan.bucket.key, "config": plan.config.as_dict(), "config_source": plan.config_source,
+        "why": why, "programs": launch.grid, "offsets_64bit": bool(launch.values["OFFS_64"]),
+        "mask": opts.mask, "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
+                                        "config": bwd_cfg.as_dict(), "config_source": bwd_source,
+                                        "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
+    }
+
+
+def warmup(*, num_q_heads: int, num_kv_heads: int, head_dim: int, seqlens=(1024,), batch: int = 1,
+           dtype=torch.bfloat16, device="cuda", causal=False, window_size=(-1, -1), softcap=0.0,
+           layout="bhsd", backward=False) -> list[dict]:
+    """Compile the kernels and configs that calls of these shape classes will use: one small call
+    per sequence length (its bucket's config), forward and, with backward=True, backward. Lengths
+    never recompile a kernel, so any later length in these buckets only builds a plan (no compile)."""
+    rows = []
+    for s in seqlens:
+        shape_q = (batch, num_q_heads, s, head_dim)
+        shape_k = (batch, num_kv_heads, s, head_dim)
+        if layout == "bshd":
+            shape_q, shape_k = (batch, s, num_q_heads, head_dim), (batch, s, num_kv_heads, head_dim)
+        q = torch.randn(shape_q, dtype=dtype, device=device, requires_grad=backward)
+        k = torch.randn(shape_k, dtype=dtype, device=device, requires_grad=backward)
+        v = torch.randn(shape_k, dtype=dtype, device=device, requires_grad=backward)
+        kw = dict(causal=causal, window_size=window_size, softcap=softcap, layout=layout)
+        t0 = time.perf_counter()
+        out = api.attention(q, k, v, **kw)
+        if backward:
+            out.sum().backward()
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+        info = explain(q.detach(), k.detach(), v.detach(), **kw)
+        rows.append({"seqlen": s, "bucket": info["bucket"], "kernel": info["kernel"],
+                     "config": info["config"], "backward": backward,
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    return rows

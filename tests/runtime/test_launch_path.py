@@ -1,0 +1,194 @@
+"""The runtime launch path: plan cache hits skip validation, torch.compile(fullgraph=True) through
+the attngen:: custom ops (forward and backward, aot_eager on CPU), any head dim 8..256, 1-D grids
+within CUDA's limits, 64-bit offsets only when needed, unspecialized length ints, explain()."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import attngen
+from attngen.kernels import bwd as kbwd
+from attngen.kernels import fwd as kfwd
+from attngen.kernels.launch import MAX_GRID, needs_int64, programs
+from attngen.runtime import api, loader
+from attngen.spec import KernelSpec
+from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
+from attngen.tuning.space import FwdConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def inputs(b=2, hq=4, hkv=2, sq=33, sk=47, d=64, dtype=torch.float16, seed=0, layout="bhsd"):
+    shapes = [(b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d)]
+    if layout == "bshd":
+        shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
+    return random_inputs(*shapes, dtype=dtype, seed=seed)
+
+
+def test_plan_cache_hit_skips_validation(monkeypatch):
+    q, k, v = inputs(sq=21, sk=21)
+    first = attngen.attention(q, k, v, causal=True)
+    calls = []
+    monkeypatch.setattr(api, "check_dense", lambda *a: calls.append(a))
+    again = attngen.attention(q, k, v, causal=True)
+    assert calls == [], "a warm call validated again"
+    assert torch.equal(first, again)
+    attngen.attention(q, k, v, causal=False)  # another option: a miss, validated
+    assert len(calls) == 1
+
+
+def test_plan_cache_new_length_same_bucket_reuses_kernel_and_config():
+    q, k, v = inputs(sq=40, sk=40)
+    attngen.attention(q, k, v, causal=True)
+    q2, k2, v2 = inputs(sq=41, sk=41)
+    attngen.attention(q2, k2, v2, causal=True)
+    p1 = api.forward_plan(q, k, v, api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+    p2 = api.forward_plan(q2, k2, v2, api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+    assert p1 is not p2 and p1.module is p2.module and p1.config == p2.config and p1.bucket == p2.bucket
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_torch_compile_fullgraph_forward_backward(layout):
+    q, k, v = inputs(sq=19, sk=27, layout=layout, seed=3)
+    dout, = random_inputs(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, seed=4)
+
+    def fn(q, k, v):
+        return attngen.attention(q, k, v, causal=True, layout=layout)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = compiled(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    leaves_e = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out_e = fn(*leaves_e)
+    grads_e = torch.autograd.grad(out_e, leaves_e, dout)
+    assert torch.equal(out, out_e)
+    for a, b in zip(grads, grads_e):
+        assert torch.equal(a, b)
+
+
+def test_torch_compile_varlen():
+    lens = [5, 17, 1]
+    cu = torch.tensor([0, 5, 22, 23], dtype=torch.int32)
+    q, k, v, dout = random_inputs((23, 4, 32), (23, 2, 32), (23, 2, 32), (23, 4, 32), dtype=torch.float16, seed=5)
+
+    def fn(q, k, v):
+        return attngen.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True)
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = compiled(*leaves)
+    grads = torch.autograd.grad(out, leaves, dout)
+    leaves_e = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out_e = fn(*leaves_e)
+    assert torch.equal(out, out_e)
+    for a, b in zip(grads, torch.autograd.grad(out_e, leaves_e, dout)):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("d,dtype", [(59, torch.float16), (111, torch.bfloat16), (8, torch.float16),
+                                     (200, torch.float16)])
+def test_any_head_dim_forward_backward(d, dtype, tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
+    q, k, v = inputs(b=1, hq=2, hkv=1, sq=37, sk=45, d=d, dtype=dtype, seed=d)
+    dout, = random_inputs(q.shape, dtype=dtype, seed=d + 1)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attngen.attention(*leaves, causal=True)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_flash_rule(f"hd{d}/out", out, ref, pt, 2.0)
+    check_grads(f"hd{d}", lambda *t, upcast: attention_ref(*t, causal=True, upcast=upcast)[0],
+                (q, k, v), dout, grads)
+
+
+def test_grid_is_one_axis_within_cuda_limits():
+    """B * H = 131072 > 65535 (CUDA's cap on the 2nd/3rd axes): one axis of blocks x batch x heads."""
+    spec = KernelSpec("fwd", "fp16", "sm80", 64, 64, 4, "causal")
+    mod = loader.load(spec)
+    B, Hq, Hkv, S = 4096, 32, 8, 16
+    e = lambda *s: torch.empty(1, dtype=torch.float16).expand(*s)  # noqa: E731  (no memory)
+    q, k, out = e(B, Hq, S, 64), e(B, Hkv, S, 64), e(B, Hq, S, 64)
+    lse = torch.empty(1).expand(B, Hq, S)
+    mask = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+    (launch,) = kfwd.fwd_launches(mod, spec, q, k, k, out, lse, mask, FwdConfig(64, 64, 4, 1))
+    assert launch.grid == B * Hq * 1 and launch.values["num_m_blocks"] == 1
+    with pytest.raises(ValueError, match="above CUDA's grid limit"):
+        programs(MAX_GRID, 2, "q")
+
+
+def test_many_heads_decode_on_one_axis():
+    """A grid of 3 blocks x 130 (batch x heads) programs maps back to the right rows (interpreter)."""
+    q, k, v = inputs(b=13, hq=10, hkv=5, sq=70, sk=70, d=16, seed=9)
+    out = attngen.attention(q, k, v, causal=True)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_flash_rule("many heads", out, ref, pt, 2.0)
+
+
+def test_needs_int64_only_past_2_31():
+    assert not needs_int64(torch.empty((1 << 31) - 1, device="meta"))
+    assert needs_int64(torch.empty(1 << 31, device="meta"))
+    # a strided view: its span, not its numel, decides
+    big = torch.empty(3, (1 << 30) + 8, device="meta")
+    assert needs_int64(big[:, :8]) and big[:, :8].numel() == 24
+
+
+def test_64bit_offsets_compute_the_same(monkeypatch):
+    """OFFS_64 forced on: the 64-bit offset code paths (forward and backward) give the same bits."""
+    q, k, v = inputs(b=1, hq=2, hkv=1, sq=40, sk=50, d=32, seed=11)
+    dout, = random_inputs(q.shape, dtype=q.dtype, seed=12)
+    runs = []
+    for wide in (False, True):
+        monkeypatch.setattr(kfwd, "needs_int64", lambda *t, w=wide: w)
+        monkeypatch.setattr(kbwd, "needs_int64", lambda *t, w=wide: w)
+        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attngen.attention(*leaves, causal=True, window_size=(9, 3))
+        runs.append([out, *torch.autograd.grad(out, leaves, dout)])
+        assert api._FWD and all(p.launches_spec[0].values["OFFS_64"] == wide for p in api._FWD.values())
+    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_length_ints_are_not_specialized():
+    """Every generated kernel passes sequence lengths, block counts, mask offsets and LSE strides
+    unspecialized (Triton would compile again when one of them changes divisibility)."""
+    from attngen.codegen.render import LENGTH_INTS
+
+    manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())["kernels"]
+    checked = 0
+    for ent in manifest.values():
+        tree = ast.parse((ROOT / "generated" / ent["file"]).read_text())
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
+            for dec in fn.decorator_list:
+                if not isinstance(dec, ast.Call):
+                    continue
+                dns = {ast.literal_eval(x) for kw in dec.keywords if kw.arg == "do_not_specialize"
+                       for x in kw.value.elts}
+                params = {a.arg for a in fn.args.args}
+                assert params & set(LENGTH_INTS) <= dns, (ent["file"], fn.name, params & set(LENGTH_INTS) - dns)
+                checked += 1
+    assert checked >= len(manifest)
+
+
+def test_explain_names_kernel_config_bucket():
+    q, k, v = inputs(sq=300, sk=300)
+    info = attngen.explain(q, k, v, causal=True)
+    assert info["kernel"] == "attn_fwd_fp16_hd64_gqa2_causal_sm80"
+    assert info["bucket"] == "q512_k512_bh8" and info["config_source"] == "default"
+    assert Path(info["file"]).is_file() and set(info["config"]) >= {"block_m", "block_n"}
+    assert info["backward"]["kernel"] == "attn_bwd_fp16_hd64_gqa2_causal_sm80"
+    assert info["offsets_64bit"] is False
+
+
+def test_warmup_runs_each_bucket():
+    rows = attngen.warmup(num_q_heads=2, num_kv_heads=1, head_dim=16, seqlens=(20, 70),
+                          dtype=torch.float16, device="cpu", causal=True, backward=True)
+    assert [r["bucket"] for r in rows] == ["q32_k32_bh2", "q128_k128_bh2"]
