@@ -1,10 +1,13 @@
 """Launch configurations: frozen dataclasses, one validity filter, and the default tables.
 
-Shared by the runtime (defaults) and, later, the tuner (search space). No optional dependencies.
+Shared by the runtime (defaults) and the tuner (search spaces, check_fwd / check_bwd). No
+optional dependencies.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 
 from attngen.spec import KernelSpec
@@ -53,9 +56,11 @@ SMEM_LIMIT = {"sm80": 163 * 1024, "sm90": 227 * 1024}
 
 
 def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
-    """Rough shared-memory need: Q tile once, K and V tiles per pipeline stage (2-byte elements)."""
+    """Shared-memory need (2-byte elements): the Q tile once, K and V tiles per pipeline stage.
+    Matches what Triton 3.6 asked for on the H200 sweeps to the byte (hd128 64x128 s4: 278528,
+    128x128 s4: 294912; hd256 64x128 s2: 294912; h200_sweep*_2026-11-30.json)."""
     dqk, dv = next_pow2(spec.head_dim_qk), next_pow2(spec.head_dim_v)
-    return 2 * (cfg.block_m * dqk + max(cfg.num_stages - 1, 1) * cfg.block_n * (dqk + dv))
+    return 2 * (cfg.block_m * dqk + cfg.num_stages * cfg.block_n * (dqk + dv))
 
 
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
@@ -72,6 +77,105 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
     return None
+
+
+def bwd_smem_bytes(spec: KernelSpec, cfg: BwdConfig) -> tuple[int, int]:
+    """(dK/dV kernel, dQ kernel) shared-memory need, 2-byte tiles. dK/dV: its K and V tiles once,
+    Q and dO tiles per stage, fp32 LSE and delta rows per extra stage; dQ: its Q and dO tiles once,
+    K and V tiles per stage. Both match Triton 3.6 on the H200 split sweep to the byte (dK/dV
+    128x128 s3: 264192; dQ 128x128 s3: 262144; h200_sweep_split_2026-11-30.json)."""
+    d = next_pow2(spec.head_dim_qk) + next_pow2(spec.head_dim_v)
+    dkdv = 2 * d * (cfg.block_n + cfg.num_stages * cfg.block_m) + 8 * (cfg.num_stages - 1) * cfg.block_m
+    dq = 2 * d * (cfg.dq_block_m + cfg.dq_num_stages * cfg.dq_block_n)
+    return dkdv, dq
+
+
+def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
+    """None if `cfg` can launch `spec`'s backward kernels, else the reason (the tuner records it)."""
+    for part, bm, bn, warps, stages in (
+            ("dK/dV", cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages),
+            ("dQ", cfg.dq_block_m, cfg.dq_block_n, cfg.dq_num_warps, cfg.dq_num_stages)):
+        if not (_pow2(bm) and _pow2(bn)):
+            return f"{part}: block sizes must be powers of two"
+        if bm < 16 or bn < 16:
+            return f"{part}: block sizes below 16 do not map onto tensor-core tiles"
+        if warps not in (1, 2, 4, 8, 16):
+            return f"{part}: num_warps must be 1, 2, 4, 8 or 16"
+        if stages < 1:
+            return f"{part}: num_stages must be >= 1"
+    have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
+    for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
+        if need > have:
+            return f"{part}: needs ~{need} B of shared memory, {spec.target} has {have}"
+    return None
+
+
+# Search spaces: candidate values per config field. The tuner builds its space from
+# dataclasses.fields(config class): a field listed here is searched over its candidates, a field
+# not listed keeps its dataclass default (so a new field with a default plugs in untuned until its
+# candidates are added here). TARGET_SPACES adds or overrides candidates per kernel target.
+FWD_SPACE: dict[str, tuple] = {
+    "block_m": (64, 128),
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3, 4),
+}
+BWD_SPACE: dict[str, tuple] = {
+    "block_m": (32, 64, 128),
+    "block_n": (64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (1, 2, 3),
+    "dq_block_m": (64, 128),
+    "dq_block_n": (32, 64),
+    "dq_num_warps": (4, 8),
+    "dq_num_stages": (1, 2, 3),
+    "atomic_dq": (False, True),
+}
+TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {}  # (family, target) -> candidates
+SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
+
+
+def search_space(config_cls: type, family: str, target: str) -> dict[str, tuple]:
+    """Every field of `config_cls` (the family's config class, attngen.families) -> its candidate
+    values, in field order."""
+    cands = {**SPACES.get(family, {}), **TARGET_SPACES.get((family, target), {})}
+    out = {}
+    for f in dataclasses.fields(config_cls):
+        if f.name in cands:
+            out[f.name] = tuple(cands[f.name])
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = (f.default,)
+        else:
+            raise ValueError(f"{config_cls.__name__}.{f.name}: no candidate values in the {family} "
+                             f"search space and no default (add it to {family.upper()}_SPACE)")
+    unknown = set(cands) - set(out)
+    if unknown:
+        raise ValueError(f"{family} search space names fields {config_cls.__name__} does not have: "
+                         f"{', '.join(sorted(unknown))}")
+    return out
+
+
+def config_from_dict(config_cls: type, values: dict):
+    """A config object from a field -> value dict; fields left out take their defaults. A
+    ValueError names unknown or missing fields (a stored config of another config layout)."""
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    unknown = set(values) - names
+    if unknown:
+        raise ValueError(f"{config_cls.__name__} has no field(s) {', '.join(sorted(unknown))}")
+    try:
+        return config_cls(**values)
+    except TypeError as exc:
+        raise ValueError(f"{config_cls.__name__}: {exc}") from None
+
+
+def enumerate_space(config_cls: type, family: str, spec: KernelSpec, check) -> list[tuple[object, str | None]]:
+    """Every config of the search space with check(spec, cfg) (None = valid), in grid order."""
+    space = search_space(config_cls, family, spec.target)
+    out = []
+    for values in itertools.product(*space.values()):
+        cfg = config_cls(**dict(zip(space, values)))
+        out.append((cfg, check(spec, cfg)))
+    return out
 
 
 def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: int = 0) -> FwdConfig:

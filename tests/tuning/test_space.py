@@ -1,0 +1,126 @@
+"""Search spaces and the validity filter: built generically from the config dataclasses, the
+shared-memory models against what Triton asked for on the H200, defaults inside the space."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from attngen.families import FAMILIES
+from attngen.spec import KernelSpec
+from attngen.tuning import space
+from attngen.tuning.space import BwdConfig, FwdConfig
+
+
+def spec(family="fwd", d=128, target="sm90", gqa=4, mask="causal"):
+    return KernelSpec(family, "bf16", target, d, d, gqa, mask)
+
+
+# Triton 3.6's "out of resource: shared memory, Required: N" on the H200 sweeps
+# (benchmarks/results/h200_sweep*_2026-11-30.json), and configs that ran there.
+@pytest.mark.parametrize("d, cfg, required", [
+    (128, FwdConfig(64, 128, 4, 4), 278528),
+    (128, FwdConfig(128, 128, 8, 4), 294912),
+    (256, FwdConfig(64, 128, 8, 2), 294912),
+])
+def test_fwd_smem_model_matches_triton(d, cfg, required):
+    assert space.fwd_smem_bytes(spec(d=d), cfg) == required
+    assert "shared memory" in space.check_fwd(spec(d=d), cfg)
+
+
+@pytest.mark.parametrize("d, cfg", [(128, FwdConfig(128, 64, 8, 4)), (128, FwdConfig(128, 128, 8, 3)),
+                                    (256, FwdConfig(64, 64, 8, 3)), (256, FwdConfig(128, 64, 8, 2))])
+def test_fwd_configs_that_ran_pass(d, cfg):
+    assert space.check_fwd(spec(d=d), cfg) is None
+
+
+def test_bwd_smem_model_matches_triton():
+    s = spec("bwd")
+    dkdv, _ = space.bwd_smem_bytes(s, BwdConfig(128, 128, 8, 3, 64, 64, 4, 2))
+    assert dkdv == 264192
+    _, dq = space.bwd_smem_bytes(s, BwdConfig(64, 64, 4, 2, 128, 128, 8, 3))
+    assert dq == 262144
+    assert space.check_bwd(s, BwdConfig(128, 128, 8, 3, 64, 64, 4, 2)).startswith("dK/dV: needs")
+    assert space.check_bwd(s, BwdConfig(64, 64, 4, 2, 128, 128, 8, 3)).startswith("dQ: needs")
+    assert space.check_bwd(s, BwdConfig(128, 64, 8, 3, 64, 128, 8, 3)) is None  # ran on the H200
+
+
+@pytest.mark.parametrize("cfg, reason", [
+    (BwdConfig(48, 64, 4, 2, 64, 64, 4, 2), "dK/dV: block sizes must be powers of two"),
+    (BwdConfig(64, 64, 4, 2, 8, 64, 4, 2), "dQ: block sizes below 16"),
+    (BwdConfig(64, 64, 3, 2, 64, 64, 4, 2), "dK/dV: num_warps"),
+    (BwdConfig(64, 64, 4, 2, 64, 64, 4, 0), "dQ: num_stages"),
+])
+def test_check_bwd_names_the_kernel_and_the_problem(cfg, reason):
+    assert space.check_bwd(spec("bwd"), cfg).startswith(reason)
+
+
+def test_sm80_has_less_shared_memory():
+    cfg = FwdConfig(128, 64, 8, 4)  # 2 * (128*128 + 4*64*256) = 163840 <= 163 KiB = 166912
+    assert space.check_fwd(spec(target="sm80"), cfg) is None
+    assert "sm80" in space.check_fwd(spec(target="sm80"), FwdConfig(128, 128, 8, 3))
+    assert space.check_fwd(spec(target="sm90"), FwdConfig(128, 128, 8, 3)) is None
+
+
+@pytest.mark.parametrize("family", ["fwd", "bwd"])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+def test_defaults_are_valid_and_inside_the_space(family, d):
+    s = spec(family, d, gqa=2)
+    sp = space.search_space(FAMILIES[family].config, family, "sm90")
+    dflts = ([space.default_fwd_config(s, "cuda", sq) for sq in (512, 4096)] if family == "fwd"
+             else [space.default_bwd_config(s, "cuda")])
+    for cfg in dflts:
+        assert FAMILIES[family].check(s, cfg) is None, cfg
+        assert all(v in sp[k] for k, v in dataclasses.asdict(cfg).items()), f"{cfg} outside {sp}"
+
+
+def test_space_is_every_field_in_order_and_enumerates_the_product():
+    sp = space.search_space(BwdConfig, "bwd", "sm90")
+    assert list(sp) == [f.name for f in dataclasses.fields(BwdConfig)]
+    cfgs = space.enumerate_space(FwdConfig, "fwd", spec(), space.check_fwd)
+    n = 1
+    for c in space.search_space(FwdConfig, "fwd", "sm90").values():
+        n *= len(c)
+    assert len(cfgs) == n and len({c for c, _ in cfgs}) == n
+    valid = [c for c, why in cfgs if why is None]
+    assert 0 < len(valid) < n and all(space.check_fwd(spec(), c) is None for c in valid)
+
+
+def test_the_families_table_uses_check_bwd():
+    assert FAMILIES["bwd"].check is space.check_bwd and FAMILIES["fwd"].check is space.check_fwd
+
+
+def test_a_new_field_plugs_in(monkeypatch):
+    """The lead adds Hopper knobs to the config dataclasses: with a default they are searched over
+    that default only; listed in the space (here per target) they are searched; without either the
+    space says which field lacks candidates."""
+    @dataclasses.dataclass(frozen=True)
+    class Fwd2(FwdConfig):
+        tma: bool = False
+
+    assert space.search_space(Fwd2, "fwd", "sm90")["tma"] == (False,)
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"tma": (False, True)})
+    assert space.search_space(Fwd2, "fwd", "sm90")["tma"] == (False, True)
+    assert space.search_space(Fwd2, "fwd", "sm80")["tma"] == (False,)
+    assert space.config_from_dict(Fwd2, {"block_m": 64, "block_n": 64, "num_warps": 4,
+                                         "num_stages": 2}) == Fwd2(64, 64, 4, 2, False)
+    with pytest.raises(ValueError, match="does not have: tma"):
+        space.search_space(FwdConfig, "fwd", "sm90")
+
+    @dataclasses.dataclass(frozen=True)
+    class Fwd4(FwdConfig):
+        stages2: int = dataclasses.field(kw_only=True)
+
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {})
+    with pytest.raises(ValueError, match="stages2: no candidate values"):
+        space.search_space(Fwd4, "fwd", "sm90")
+
+
+def test_config_from_dict_names_bad_fields():
+    with pytest.raises(ValueError, match="no field.*bogus"):
+        space.config_from_dict(FwdConfig, {"block_m": 64, "bogus": 1})
+    with pytest.raises(ValueError, match="FwdConfig"):
+        space.config_from_dict(FwdConfig, {"block_m": 64})
+    cfg = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    assert space.config_from_dict(BwdConfig, dataclasses.asdict(cfg)) == cfg
