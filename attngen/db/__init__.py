@@ -1,0 +1,6 @@
+"""The tuning database: SQLAlchemy tables (models.py), one session context manager and the queries
+(store.py), schema versions and migrations (schema.py, migrations.py).
+
+Importing this package costs nothing: schema.py is pure Python, and only models.py / store.py
+import SQLAlchemy (the runtime's read side, attngen.tuning.winners, reads with the stdlib sqlite3).
+"""
