@@ -64,6 +64,12 @@ def tuning_db_path() -> Path:
     return Path(env) if env else REPO_ROOT / "tuning_db" / "attngen.sqlite"
 
 
+def tuning_db_url() -> str:
+    """The tuning database as given: ATTNGEN_DB (a file path or an SQLAlchemy URL), else
+    tuning_db_path(). attngen.db.schema.to_url turns a path into a sqlite:/// URL."""
+    return os.environ.get("ATTNGEN_DB") or str(tuning_db_path())
+
+
 def interpreting() -> bool:
     """TRITON_INTERPRET=1: every kernel runs through Triton's interpreter (on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

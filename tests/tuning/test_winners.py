@@ -1,0 +1,188 @@
+"""The runtime's read side: attngen.tuning.winners.lookup over a database written by the store
+(exact bucket, nearest bucket, nothing tuned, template changed, config layout changed), read once
+and read-only, without optuna/SQLAlchemy, and a clear error for a database it cannot use."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sqlite3
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+from attngen.db import schema
+from attngen.db import store as dbs
+from attngen.tuning import winners
+from attngen.tuning.buckets import bucket_of, parse_bucket
+from attngen.tuning.space import BwdConfig, FwdConfig
+
+URI = "attn_fwd_bf16_hd128_gqa4_causal_sm90"
+BURI = "attn_bwd_bf16_hd128_gqa4_causal_sm90"
+DEVICE = dict(device_class="h100", gpu_name="NVIDIA H200", capability="9.0", driver="570.00",
+              cuda_version="12.8", torch_version="2.11.0", triton_version="3.6.0")
+CFG = {"q1024_k1024_bh32": FwdConfig(64, 64, 4, 3), "q8192_k8192_bh32": FwdConfig(128, 64, 8, 2)}
+
+
+def write(url, rows):
+    """rows: (uri, template hash, family, device class, bucket key, config dict)"""
+    with dbs.Store(url, "create") as st:
+        with st.session() as s:
+            dev = dbs.find_or_add_device(s, DEVICE)
+            for uri, h, fam, cls, key, cfg in rows:
+                k = dbs.find_or_add_kernel(s, uri, h, fam, {})
+                b = dbs.find_or_add_bucket(s, key)
+                t = dbs.add_trial(s, kernel=k, device=dev, bucket=b, config=cfg, status="ok",
+                                  shape={}, time_ms=1.0, tflops=1.0)
+                assert dbs.offer_winner(s, t, cls, 2.0, 0.5)
+        assert st.pack()
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "attngen.sqlite"
+    monkeypatch.setenv("ATTNGEN_DB", str(path))
+    winners.reset()
+    yield path
+    winners.reset()
+
+
+def test_exact_nearest_and_untuned(db):
+    write(db, [(URI, "h1", "fwd", "h100", k, dataclasses.asdict(c)) for k, c in CFG.items()]
+          + [(BURI, "h1", "bwd", "a100", "q4096_k4096_bh32",
+              dataclasses.asdict(BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, True)))])
+    assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) == {
+        "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
+    # not tuned: the nearest tuned bucket (1k for 2k/bh16, 8k for 16k)
+    assert winners.lookup(URI, "h1", "h100", bucket_of(2000, 2000, 16)) == dataclasses.asdict(CFG["q1024_k1024_bh32"])
+    assert winners.lookup(URI, "h1", "h100", bucket_of(16384, 16384, 64)) == dataclasses.asdict(CFG["q8192_k8192_bh32"])
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1, 4096, 32)) is None  # decode: never a prefill config
+    assert winners.lookup(URI, "h1", "a100", bucket_of(1024, 1024, 32)) is None  # another device class
+    assert winners.lookup("attn_fwd_other_sm90", "h1", "h100", bucket_of(1024, 1024, 32)) is None
+    assert winners.lookup(BURI, "h1", "a100", bucket_of(4096, 4096, 32))["atomic_dq"] is True
+    got = winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32"))
+    got["block_m"] = 1  # a copy: the cache stays intact
+    assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32"))["block_m"] == 64
+
+
+def test_no_database_means_defaults(db):
+    assert not db.exists()
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32)) is None
+
+
+def test_read_once_and_read_only(db):
+    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+    before = db.stat().st_mtime_ns, db.read_bytes()
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+    assert (db.stat().st_mtime_ns, db.read_bytes()) == before
+    assert not os.path.exists(str(db) + "-wal")
+    db.unlink()  # the table is in memory now: no further read
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+    winners.reset()
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32)) is None
+
+
+def test_wal_file_where_no_shm_can_be_made(db, monkeypatch):
+    """An installed package's folder is read-only: a WAL-mode file there cannot be opened with
+    mode=ro (SQLite needs to create its -shm). With no -wal file beside it the file alone is the
+    database and is read as immutable; with one, that would miss committed pages: an error."""
+    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.close()
+    real = sqlite3.connect
+
+    def connect(database, *args, **kwargs):
+        if "mode=ro" in str(database):
+            raise sqlite3.OperationalError("unable to open database file")
+        return real(database, *args, **kwargs)
+    monkeypatch.setattr(winners.sqlite3, "connect", connect)
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+    winners.reset()
+    open(str(db) + "-wal", "wb").close()
+    with pytest.raises(schema.TuningDBError, match="cannot read"):
+        winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write any folder")
+def test_read_only_folder(db, tmp_path):
+    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+    os.chmod(tmp_path, 0o555)
+    try:
+        assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+    finally:
+        os.chmod(tmp_path, 0o755)
+
+
+def test_stale_template_is_ignored_with_one_warning(db):
+    write(db, [(URI, "old", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"])),
+               (URI, "old", "fwd", "h100", "q8192_k8192_bh32", dataclasses.asdict(CFG["q8192_k8192_bh32"]))])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert winners.lookup(URI, "new", "h100", bucket_of(1024, 1024, 32)) is None
+    assert len(w) == 1 and "template hash old" in str(w[0].message) and URI in str(w[0].message)
+
+
+def test_fresh_winners_serve_beside_stale_ones(db):
+    write(db, [(URI, "old", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(FwdConfig(32, 32, 4, 1))),
+               (URI, "new", "fwd", "h100", "q8192_k8192_bh32", dataclasses.asdict(CFG["q8192_k8192_bh32"]))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # the stale 1k winner is not used, not even as the nearest: the fresh 8k one serves
+        assert winners.lookup(URI, "new", "h100", bucket_of(1024, 1024, 32)) == dataclasses.asdict(CFG["q8192_k8192_bh32"])
+
+
+def test_config_of_another_layout_is_ignored_with_a_warning(db):
+    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", {"block_m": 64, "gone_field": 3})])
+    with pytest.warns(RuntimeWarning, match="does not fit"):
+        assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32)) is None
+
+
+@pytest.mark.parametrize("case, exc, match", [
+    ("corrupt", schema.CorruptDatabase, "not a readable SQLite database"),
+    ("other", schema.SchemaMismatch, "not an attngen tuning database"),
+    ("newer", schema.SchemaMismatch, "newer attngen"),
+    ("older", schema.SchemaMismatch, "attngen db migrate"),
+])
+def test_unusable_database_is_a_clear_error_every_time(db, case, exc, match):
+    if case == "corrupt":
+        db.write_bytes(b"\x00garbage" * 512)
+    elif case == "other":
+        con = sqlite3.connect(db)
+        con.execute("CREATE TABLE t (x)")
+        con.commit()
+        con.close()
+    else:
+        write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+        con = sqlite3.connect(db)
+        con.execute(f"UPDATE {schema.SCHEMA_VERSIONS} SET version = ?",
+                    (schema.SCHEMA_VERSION + 1 if case == "newer" else 0,))
+        con.commit()
+        con.close()
+    for _ in range(2):
+        with pytest.raises(exc, match=match) as e:
+            winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+        assert "\n" not in str(e.value) and str(db) in str(e.value)
+
+
+def test_unreachable_url_is_a_clear_error(db, monkeypatch):
+    monkeypatch.setenv("ATTNGEN_DB", "postgresql+psycopg://u:pw@127.0.0.1:9/none")
+    with pytest.raises(schema.UnreachableDatabase, match="cannot connect") as e:
+        winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+    assert "pw" not in str(e.value)
+
+
+def test_runtime_import_is_light(db):
+    """The runtime path imports neither optuna nor SQLAlchemy (the GPU machine has neither) and
+    reads the default SQLite file with the stdlib."""
+    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+    code = ("import sys; from attngen.tuning import winners; from attngen.tuning.buckets import bucket_of; "
+            f"assert winners.lookup({URI!r}, 'h1', 'h100', bucket_of(1024, 1024, 32)); "
+            "bad = [m for m in ('optuna', 'sqlalchemy', 'jinja2') if m in sys.modules]; "
+            "assert not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATTNGEN_DB": str(db)},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
