@@ -148,6 +148,8 @@ def make_parser() -> argparse.ArgumentParser:
         cp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
         cmd.add_arguments(cp)
         cp.set_defaults(func=cmd.run)
+    from attngen.tuning.commands import add_commands  # `tune` and `db` (attngen/tuning/commands.py)
+    add_commands(sub)
     return p
 
 

@@ -1,0 +1,253 @@
+"""`attngen tune` and `attngen db show|export|import|migrate|compare`: argument parsing and printing
+only; the work is in attngen.tuning.tuner and attngen.db.store. A problem the user must fix (a GPU
+outside the profile, a corrupt or newer database, an unreachable server, a bad export) is one line
+on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from attngen.db import schema
+from attngen.tuning.buckets import parse_bucket
+from attngen.tuning.devices import PROFILES
+
+SHORT = {"block_m": "M", "block_n": "N", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqM",
+         "dq_block_n": "dqN", "dq_num_warps": "dqw", "dq_num_stages": "dqs", "atomic_dq": "atomic"}
+
+
+def add_commands(subparsers) -> None:
+    """Add `tune` and `db` to attngen's sub-command parsers (attngen.cli.make_parser)."""
+    t = subparsers.add_parser("tune", prog="attngen tune", help="tune launch configs on this GPU into the tuning database",
+                              description="Optuna over the launch-config space of each kernel, one "
+                              "study per (kernel, device class, shape bucket); winners go to the "
+                              "tuning database the runtime reads.")
+    t.add_argument("--device", required=True, choices=sorted(PROFILES),
+                   help="device profile: h100 (sm90: H100, H200, GH200) or a100 (sm80)")
+    t.add_argument("--spec", dest="specs", action="append", default=[], metavar="FILE",
+                   help="spec file or folder (repeatable; default: the repository's specs/)")
+    t.add_argument("--shapes", type=_buckets, default=None, metavar="BUCKETS",
+                   help="comma-separated shape buckets, e.g. q4096_k4096_bh64,q1024_k1024_bh128 "
+                        "(default: Sq = Sk in 1k..16k, batch x heads = 1x and 4x the entry's heads)")
+    t.add_argument("--trials", type=int, default=20,
+                   help="distinct configs to measure per study, all workers and earlier runs "
+                        "together (default 20)")
+    t.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="stop after S seconds (the trial in flight finishes)")
+    t.add_argument("--storage", default=None, metavar="URL",
+                   help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else "
+                        "tuning_db/attngen.sqlite); Optuna's studies go there too")
+    t.add_argument("--resume", action="store_true", help="continue studies that already ran")
+    t.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="N tuning processes on one storage, one per GPU (sharing GPUs when fewer)")
+    t.add_argument("--sampler", choices=("tpe", "grid"), default="tpe",
+                   help="tpe (seeded; default) or grid (exhaustive over the space)")
+    t.add_argument("--family", dest="families", action="append", choices=("fwd", "bwd"),
+                   help="kernel family (repeatable; default both)")
+    t.add_argument("--kernels", default=None, metavar="GLOB",
+                   help="only kernels whose uri matches, e.g. 'attn_fwd_bf16_*'")
+    t.add_argument("--seed", type=int, default=0, help="sampler and input seed (default 0)")
+    t.add_argument("--quiet", action="store_true", help="print only the summary and errors")
+    # set by `--workers` for its child processes, and by tests:
+    t.add_argument("--worker", type=_worker, default=None, help=argparse.SUPPRESS)
+    t.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
+    t.add_argument("--timer", dest="timer_ref", default=None, help=argparse.SUPPRESS)
+    t.add_argument("--probe", dest="probe_ref", default=None, help=argparse.SUPPRESS)
+    t.set_defaults(func=_cmd_tune)
+
+    d = subparsers.add_parser("db", prog="attngen db", help="show, export, import, migrate the tuning database")
+    dsub = d.add_subparsers(dest="db_command", required=True)
+    show = dsub.add_parser("show", help="the winners: kernel, bucket, config, TFLOP/s, gain over the default")
+    _storage(show)
+    show.add_argument("--kernels", default=None, metavar="GLOB", help="only kernels whose uri matches")
+    show.add_argument("--device", default=None, choices=sorted(PROFILES), help="only this device class")
+    show.set_defaults(func=_cmd_show)
+    exp = dsub.add_parser("export", help="the database as JSON (to share results between machines)")
+    _storage(exp)
+    exp.add_argument("--out", default="-", metavar="FILE", help="output file (default: stdout)")
+    exp.add_argument("--winners-only", action="store_true", help="leave out trials that did not win")
+    exp.set_defaults(func=_cmd_export)
+    imp = dsub.add_parser("import", help="merge a JSON export into the database (the faster winner stays)")
+    imp.add_argument("file", help="a file written by `attngen db export`")
+    _storage(imp)
+    imp.set_defaults(func=_cmd_import)
+    mig = dsub.add_parser("migrate", help="bring a database of an older schema up to date")
+    _storage(mig)
+    mig.set_defaults(func=_cmd_migrate)
+    cmp_ = dsub.add_parser("compare", help="a search's winners against an exhaustive grid's best")
+    cmp_.add_argument("--exhaustive", required=True, metavar="URL", help="database of a --sampler grid run")
+    cmp_.add_argument("--search", required=True, metavar="URL", help="database of a --sampler tpe run")
+    cmp_.add_argument("--seeds", type=int, default=20, help="replay seeds (default 20)")
+    cmp_.add_argument("--out", default="-", metavar="FILE", help="JSON output (default: stdout)")
+    cmp_.set_defaults(func=_cmd_compare)
+
+
+def _storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else tuning_db/attngen.sqlite)")
+
+
+def _buckets(text: str):
+    try:
+        return [parse_bucket(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _worker(text: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected INDEX/COUNT") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 <= INDEX < COUNT")
+    return i, n
+
+
+def _url(args) -> str:
+    from attngen import env
+
+    return schema.to_url(args.storage or env.tuning_db_url())
+
+
+def _fail(cmd: str, exc: BaseException) -> int:
+    print(f"attngen {cmd}: {exc}", file=sys.stderr)
+    return 2
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from attngen.tuning import tuner
+
+    opts = tuner.TuneOptions(
+        device=args.device, specs=args.specs, shapes=args.shapes, trials=args.trials,
+        timeout=args.timeout, storage=args.storage, resume=args.resume, workers=args.workers,
+        sampler=args.sampler, families=tuple(dict.fromkeys(args.families or ("fwd", "bwd"))),
+        kernels=args.kernels, seed=args.seed, worker=args.worker, gpu=args.gpu,
+        timer_ref=args.timer_ref, probe_ref=args.probe_ref, quiet=args.quiet)
+    if args.workers < 1:
+        return _fail("tune", "--workers must be >= 1")
+    try:
+        return tuner.tune(opts)
+    except (tuner.TuneError, schema.TuningDBError) as exc:
+        return _fail("tune", exc)
+
+
+def config_text(config: dict, family: str | None = None) -> str:
+    """"M=128 N=64 w=8 s=3": in the config class's field order when the family is known."""
+    import dataclasses
+
+    from attngen.families import FAMILIES
+
+    if family in FAMILIES:
+        order = [f.name for f in dataclasses.fields(FAMILIES[family].config)]
+        config = {k: config[k] for k in sorted(config, key=lambda k: (k not in order,
+                                                                       order.index(k) if k in order else 0, k))}
+    return " ".join(f"{SHORT.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in config.items())
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from attngen.db import store as dbs
+
+    try:
+        with dbs.Store(_url(args), "read") as st, st.session() as s:
+            rows = dbs.where_winners(s, args.kernels, args.device)
+            where = st.where
+    except schema.TuningDBError as exc:
+        return _fail("db show", exc)
+    if not rows:
+        print(f"no tuned winners in {where}" + (" matching the filters" if args.kernels or args.device else ""))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{len(rows)} winners in {where}", title_justify="left")
+    for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
+                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("template", "left")):
+        table.add_column(col, justify=just, no_wrap=col != "config")
+    for r in rows:
+        table.add_row(r.uri, r.device_class, r.bucket, config_text(r.config, r.family),
+                      f"{r.tflops:.1f}" if r.tflops else "-",
+                      f"{r.default_tflops:.1f}" if r.default_tflops else "-",
+                      f"{r.gain:+.1%}" if r.gain is not None else "-", r.template_hash)
+    Console(width=max(160, Console().width), soft_wrap=False).print(table)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from attngen.db import store as dbs
+
+    try:
+        with dbs.Store(_url(args), "read") as st, st.session() as s:
+            data = dbs.export_data(s, winners_only=args.winners_only)
+    except schema.TuningDBError as exc:
+        return _fail("db export", exc)
+    text = json.dumps(data, indent=1, sort_keys=False) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        try:
+            with open(args.out, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            return _fail("db export", f"{args.out}: cannot write ({exc.strerror or exc})")
+        print(f"wrote {len(data['winners'])} winners, {len(data['trials'])} trials to {args.out}",
+              file=sys.stderr)
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    from attngen.db import store as dbs
+
+    try:
+        with open(args.file) as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        return _fail("db import", f"{args.file}: cannot read ({exc.strerror or exc})")
+    except json.JSONDecodeError as exc:
+        return _fail("db import", f"{args.file}: not JSON ({exc.msg} at line {exc.lineno})")
+    try:
+        with dbs.Store(_url(args), "create") as st:
+            with st.session() as s:
+                rep = dbs.import_data(s, data, args.file)
+            st.pack()
+    except schema.TuningDBError as exc:
+        return _fail("db import", exc)
+    print(f"imported {args.file}: {rep.trials_added} trials added ({rep.trials_known} known), "
+          f"{rep.winners_changed} winners set, {rep.winners_kept} kept (as fast or faster here)")
+    return 0
+
+
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    from attngen.db import store as dbs
+
+    try:
+        with dbs.Store(_url(args), "write") as st:
+            version = st.schema_version()
+            where = st.where
+    except schema.TuningDBError as exc:
+        return _fail("db migrate", exc)
+    print(f"{where}: schema {version} (current)")
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from attngen.tuning import tuner
+
+    try:
+        result = tuner.compare(args.exhaustive, args.search, seeds=args.seeds)
+    except (tuner.TuneError, schema.TuningDBError) as exc:
+        return _fail("db compare", exc)
+    text = json.dumps(result, indent=1) + "\n"
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    for r in result["rows"]:
+        gap = f"{r['gap']:+.1%}" if r["gap"] is not None else "n/a"
+        print(f"{r['uri']} {r['bucket']}: search {r['search_measured']}/{r['exhaustive_measured']} "
+              f"configs ({r['search_fraction']:.0%}), gap {gap}; replay TPE median gap "
+              f"{r['replay']['tpe_with_default']['median_gap']:+.1%} (random "
+              f"{r['replay']['random_from_scratch']['median_gap']:+.1%})", file=sys.stderr)
+    return 0

@@ -1,0 +1,724 @@
+"""`attngen tune`: Optuna over the config search spaces, every trial into the tuning database.
+
+One Optuna study per (kernel uri + template hash, device class, shape bucket), stored in the same
+RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
+
+  1. the default config (space.default_*_config) is measured first (or found, measured earlier on
+     this device) and is the yardstick of the winner's gain; it is also Optuna's first trial;
+  2. the sampler proposes configs field by field (TPE, seeded; or the exhaustive grid); a config
+     measured before on this device, by this process, another worker or an earlier run, is not
+     measured again; an invalid one (the validity filter) is recorded and never compiled;
+  3. each measured config is one transaction: the trial row and, when it is ok and faster, the
+     winner (store.offer_winner);
+  4. the study stops when `--trials` distinct configs were measured (all workers together, earlier
+     runs included), the space is exhausted, or the time is up.
+
+Ctrl-C: the trial in flight is not recorded (its transaction rolls back), everything before it is;
+`--resume` continues the same studies. `--workers N` starts N processes on one storage (one per GPU,
+or sharing the GPUs there are), each running the same studies through Optuna's RDB storage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import importlib
+import importlib.util
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from attngen import env
+from attngen.db import schema
+from attngen.db import store as dbs
+from attngen.families import family as family_of
+from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
+from attngen.tuning import space
+from attngen.tuning.buckets import ShapeBucket, bucket_of
+from attngen.tuning.devices import PROFILES, DeviceInfo, check_profile
+
+DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)  # Sq = Sk, powers of two
+DEFAULT_BATCHES = (1, 4)  # batch x heads classes: the entry's query heads times these
+SAMPLERS = ("tpe", "grid")
+HEARTBEAT_S, GRACE_S = 30, 120
+
+
+class TuneError(RuntimeError):
+    """A problem found before or while tuning; one line for the user (exit code 2)."""
+
+
+class TrialFailed(Exception):
+    """Raised inside the Optuna objective so that Optuna records the trial as FAIL."""
+
+
+# ------------------------------------------------------------------------------------------------
+# What to tune
+
+@dataclass(frozen=True)
+class Target:
+    """One study: a kernel of a spec entry, for one device class and shape bucket."""
+
+    entry: SpecEntry
+    spec: KernelSpec
+    bucket: ShapeBucket
+    template_hash: str
+    device_class: str
+
+    @property
+    def study_name(self) -> str:
+        """uri.template_hash.device_class.bucket.space_hash: a changed template or search space
+        starts a new study (Optuna cannot change a study's parameter ranges); configs measured in
+        the old one are still found and not measured again."""
+        sp = json.dumps(space_for(self.spec), sort_keys=True)
+        space_hash = hashlib.sha256(sp.encode()).hexdigest()[:8]
+        return f"{self.spec.uri}.{self.template_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.uri} {self.bucket.key}"
+
+
+@dataclass
+class TuneOptions:
+    device: str
+    specs: list[str] = field(default_factory=list)  # files or folders; default: the repo's specs/
+    shapes: list[ShapeBucket] | None = None
+    trials: int = 20
+    timeout: float | None = None
+    storage: str | None = None  # default env.tuning_db_url()
+    resume: bool = False
+    workers: int = 1
+    sampler: str = "tpe"
+    families: tuple[str, ...] = ("fwd", "bwd")
+    kernels: str | None = None  # glob over kernel uris
+    seed: int = 0
+    worker: tuple[int, int] | None = None  # (index, count) in a --workers child
+    gpu: int = 0
+    timer_ref: str | None = None  # "file.py:func" / "module:func": a timer instead of do_bench
+    probe_ref: str | None = None  # the same for the device probe
+    quiet: bool = False
+
+    @property
+    def url(self) -> str:
+        return schema.to_url(self.storage or env.tuning_db_url())
+
+
+def default_buckets(entry: SpecEntry) -> list[ShapeBucket]:
+    """Sq = Sk over DEFAULT_SEQLENS, batch x heads = the entry's query heads x DEFAULT_BATCHES. The
+    decode bucket (Sq = 1) is left to the split-KV family."""
+    heads = entry.num_q_heads or 16 * entry.gqa_ratio
+    return sorted({bucket_of(s, s, heads * b) for s in DEFAULT_SEQLENS for b in DEFAULT_BATCHES})
+
+
+def plan(opts: TuneOptions) -> list[Target]:
+    """The studies to run, in a fixed order (spec files, entries, kernels, buckets)."""
+    from attngen.codegen.render import template_hash  # jinja2: the tuner may import it
+
+    profile = PROFILES[opts.device]
+    try:
+        files = [f for t in (opts.specs or [env.REPO_ROOT / "specs"]) for f in spec_files(t)]
+        loaded = [load_spec(f) for f in files]
+    except SpecError as exc:
+        raise TuneError(str(exc).splitlines()[0] + (" (and more)" if len(exc.problems) > 1 else "")) from None
+    targets, seen = [], set()
+    for sf in loaded:
+        for entry in sf.entries:
+            for spec in entry.kernel_specs():
+                if spec.target != profile.target or spec.family not in opts.families:
+                    continue
+                if opts.kernels and not fnmatch.fnmatchcase(spec.uri, opts.kernels):
+                    continue
+                if spec.uri in seen:  # two entries with one kernel: the first one's values
+                    continue
+                seen.add(spec.uri)
+                h = template_hash(spec)
+                for b in (opts.shapes or default_buckets(entry)):
+                    if b.decode:
+                        raise TuneError(f"{b.key}: the decode bucket (Sq = 1) is not tuned by these "
+                                        f"kernel families")
+                    targets.append(Target(entry, spec, b, h, profile.name))
+    if not targets:
+        raise TuneError(f"nothing to tune: no {'/'.join(opts.families)} kernel for target "
+                        f"{profile.target} in {', '.join(map(str, files))}"
+                        + (f" matches --kernels {opts.kernels!r}" if opts.kernels else ""))
+    return targets
+
+
+# ------------------------------------------------------------------------------------------------
+# Pieces shared with tests and `db compare`
+
+def load_ref(ref: str) -> Callable:
+    """"path/to/file.py:func" or "package.module:func" -> the function."""
+    mod_name, sep, func = ref.rpartition(":")
+    if not sep or not mod_name or not func:
+        raise TuneError(f"{ref!r}: expected FILE.py:FUNCTION or MODULE:FUNCTION")
+    try:
+        if mod_name.endswith(".py"):
+            path = Path(mod_name).resolve()
+            spec = importlib.util.spec_from_file_location(f"attngen_ref_{path.stem}", path)
+            if spec is None or not path.exists():
+                raise TuneError(f"{ref!r}: no such file {path}")
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        else:
+            mod = importlib.import_module(mod_name)
+        return getattr(mod, func)
+    except (ImportError, AttributeError, OSError) as exc:
+        raise TuneError(f"{ref!r}: cannot load it ({type(exc).__name__}: {exc})") from None
+
+
+def make_sampler(kind: str, space_: dict[str, tuple], budget: int, seed: int):
+    import optuna
+
+    if kind == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space_.items()}, seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, budget // 4)),
+                                      multivariate=True, constant_liar=True)
+
+
+def space_for(spec: KernelSpec) -> dict[str, tuple]:
+    """The search space of a kernel: its family's config fields -> candidates (space.py)."""
+    return space.search_space(family_of(spec.family).config, spec.family, spec.target)
+
+
+def valid_count(spec: KernelSpec) -> int:
+    fam = family_of(spec.family)
+    return sum(why is None for _, why in space.enumerate_space(fam.config, spec.family, spec, fam.check))
+
+
+def default_config(spec: KernelSpec, kind: str, seqlen_q: int):
+    return family_of(spec.family).default(spec, kind, seqlen_q)
+
+
+def in_space(cfg, space_: dict[str, tuple]) -> bool:
+    return all(v in space_[k] for k, v in dataclasses.asdict(cfg).items())
+
+
+def make_storage(url: str):
+    import optuna
+
+    kwargs = {"connect_args": {"timeout": dbs.BUSY_TIMEOUT_S}} if url.startswith("sqlite") else {}
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, heartbeat_interval=HEARTBEAT_S,
+                                          grace_period=GRACE_S)
+    except Exception as exc:  # optuna wraps driver errors its own way
+        raise TuneError(f"{schema.redact(url)}: Optuna cannot use this storage ({schema.one_line(exc)})") from None
+
+
+# ------------------------------------------------------------------------------------------------
+# Progress
+
+class Progress:
+    """Plain lines (logs, tests, workers); RichProgress draws bars when stdout is a terminal."""
+
+    def __init__(self, prefix: str = "", quiet: bool = False):
+        self.prefix, self.quiet = prefix, quiet
+
+    def say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"{self.prefix}{text}", flush=True)
+
+    def start(self, index: int, total: int, target: Target, budget: int, measured: int) -> None:
+        self.say(f"[{index + 1}/{total}] {target.label}: {measured}/{budget} configs measured")
+
+    def trial(self, target: Target, measured: int, budget: int, cfg: dict, outcome, best) -> None:
+        short = "x".join(str(v) for v in cfg.values())
+        if outcome.status == "ok":
+            what = f"{outcome.time_ms:.4f} ms {outcome.tflops:.4g} TFLOP/s"
+        else:
+            what = f"{outcome.status}: {(outcome.error or '')[:120]}"
+        best_s = f"; best {best[0]:.4f} ms {best[1]:.4g} TFLOP/s" if best else ""
+        self.say(f"  {measured}/{budget} {short}: {what}{best_s}")
+
+    def finish(self, target: Target, report: "TargetReport") -> None:
+        self.say(f"  done {target.label}: {report.line()}")
+
+    def close(self) -> None:
+        pass
+
+
+class RichProgress(Progress):
+    def __init__(self, total: int):
+        super().__init__()
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress as _P, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+
+        self.bar = _P(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                      TimeRemainingColumn())
+        self.bar.start()
+        self.all = self.bar.add_task("studies", total=total, best="")
+        self.task = None
+
+    def say(self, text: str) -> None:
+        self.bar.console.print(text)
+
+    def start(self, index, total, target, budget, measured) -> None:
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(target.label, total=budget, completed=measured, best="")
+
+    def trial(self, target, measured, budget, cfg, outcome, best) -> None:
+        best_s = f"best {best[0]:.4f} ms {best[1]:.0f} TFLOP/s" if best else ""
+        self.bar.update(self.task, completed=measured, best=best_s)
+        if outcome.status != "ok":
+            self.bar.console.print(f"  {target.label} {cfg}: {outcome.status}: "
+                                   f"{(outcome.error or '')[:100]}")
+
+    def finish(self, target, report) -> None:
+        self.bar.advance(self.all)
+        self.bar.console.print(f"{target.label}: {report.line()}")
+
+    def close(self) -> None:
+        self.bar.stop()
+
+
+# ------------------------------------------------------------------------------------------------
+# One process's tuning
+
+@dataclass
+class TargetReport:
+    target: Target
+    measured: int = 0
+    best_ms: float | None = None
+    best_tflops: float | None = None
+    best_config: dict | None = None
+    default_ms: float | None = None
+    default_tflops: float | None = None
+    skipped: str | None = None
+
+    def line(self) -> str:
+        if self.skipped:
+            return f"skipped: {self.skipped}"
+        if self.best_ms is None:
+            return f"{self.measured} measured, no config passed"
+        gain = (f", {self.default_ms / self.best_ms - 1:+.1%} vs default "
+                f"{self.default_tflops:.4g} TFLOP/s") if self.default_ms else ""
+        return (f"{self.measured} measured; winner {self.best_ms:.4f} ms {self.best_tflops:.4g} "
+                f"TFLOP/s {self.best_config}{gain}")
+
+
+class Tuner:
+    def __init__(self, opts: TuneOptions, timer=None, probe=None, progress: Progress | None = None):
+        self.opts = opts
+        self.timer = timer if timer is not None else (load_ref(opts.timer_ref) if opts.timer_ref else None)
+        self.probe = probe if probe is not None else (load_ref(opts.probe_ref) if opts.probe_ref else None)
+        self.progress = progress
+        self.url = opts.url
+
+    # -- checks before any work --
+    def device_info(self) -> DeviceInfo:
+        if self.probe is not None:
+            info = self.probe(self.opts.gpu)
+        else:
+            from attngen.tuning.timing import probe_cuda
+
+            info = probe_cuda(self.opts.gpu)
+        if info is None:
+            raise TuneError("attngen tune needs a CUDA GPU, and none is visible")
+        why = check_profile(info, self.opts.device)
+        if why:
+            raise TuneError(why)
+        if env.interpreting() and self.timer is None:
+            raise TuneError("Triton's interpreter is on (TRITON_INTERPRET=1): its timings mean "
+                            "nothing, so attngen tune will not run there")
+        return info
+
+    def torch_device(self) -> str:
+        return "cpu" if env.interpreting() else f"cuda:{self.opts.gpu}"
+
+    def preflight(self, targets: list[Target]) -> None:
+        """Schema and Optuna tables exist, and no study would be silently extended (without
+        --resume) -- once, in the process that starts the workers."""
+        import optuna
+
+        dbs.Store(self.url, "create").close()
+        storage = make_storage(self.url)
+        try:
+            done = {s.study_name: s.n_trials for s in
+                    optuna.get_all_study_summaries(storage, include_best_trial=False)}
+            started = [t.study_name for t in targets if done.get(t.study_name, 0) > 0]
+            if started and not self.opts.resume:
+                raise TuneError(f"{len(started)} of these studies already ran in "
+                                f"{schema.redact(self.url)} (e.g. {started[0]}): pass --resume to "
+                                f"continue them, or --storage for a fresh database")
+            for t in targets:  # created here, so workers never race to create one
+                self._study(storage, t, make_sampler("tpe", {}, 1, 0))
+        finally:
+            storage.remove_session()
+            storage.engine.dispose()
+
+    def _study(self, storage, target: Target, sampler):
+        import optuna
+
+        study = optuna.create_study(storage=storage, study_name=target.study_name, sampler=sampler,
+                                    direction="minimize", load_if_exists=True)
+        if not study.user_attrs:
+            for k, v in (("uri", target.spec.uri), ("template_hash", target.template_hash),
+                         ("device_class", target.device_class), ("bucket", target.bucket.key),
+                         ("spec", target.spec.as_dict())):
+                study.set_user_attr(k, v)
+        return study
+
+    # -- the run --
+    def run(self) -> list[TargetReport]:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        targets = plan(self.opts)
+        info = self.device_info()
+        if self.opts.worker is None:
+            self.preflight(targets)
+        store = dbs.Store(self.url, "create")
+        storage = make_storage(self.url)
+        deadline = time.monotonic() + self.opts.timeout if self.opts.timeout else None
+        reports: list[TargetReport] = []
+        try:
+            with store.session() as s:
+                device_id = dbs.find_or_add_device(s, info.as_record(self.opts.device)).id
+            for i, t in enumerate(targets):
+                if deadline is not None and time.monotonic() >= deadline:
+                    self.progress.say(f"--timeout reached: {len(targets) - i} studies left "
+                                      f"(--resume continues)")
+                    break
+                reports.append(self._tune_one(store, storage, device_id, t, i, len(targets), deadline))
+        finally:
+            storage.remove_session()
+            storage.engine.dispose()
+            store.close()
+        return reports
+
+    def _tune_one(self, store: dbs.Store, storage, device_id: int, t: Target, index: int,
+                  total: int, deadline: float | None) -> TargetReport:
+        from attngen.tuning.objective import Objective, problem_for
+
+        family, spec = t.spec.family, t.spec
+        space_ = space_for(spec)
+        budget = min(self.opts.trials, valid_count(spec))
+        report = TargetReport(t)
+        with store.session() as s:
+            kernel = dbs.find_or_add_kernel(s, spec.uri, t.template_hash, family, spec.as_dict())
+            bucket = dbs.find_or_add_bucket(s, t.bucket.key)
+            kernel_id, bucket_id = kernel.id, bucket.id
+        try:
+            problem = problem_for(t.entry, spec, t.bucket)
+            bench = Objective(problem, self.torch_device(), timer=self.timer, seed=self.opts.seed)
+        except Exception as exc:  # e.g. the inputs do not fit the GPU
+            report.skipped = f"cannot set up the measurement: {type(exc).__name__}: {schema.one_line(exc)}"
+            self.progress.finish(t, report)
+            return report
+        rows = dict(kernel=kernel_id, device=device_id, bucket=bucket_id)
+
+        yardstick = {"ms": None, "tflops": None}  # the default config's time, once measured
+
+        def record(cfg, outcome, is_default=False, optuna_trial=None) -> None:
+            with store.session() as s:  # one transaction: the trial and its winner offer
+                k, d, b = (s.get(m, rows[n]) for m, n in ((dbs.KernelModel, "kernel"),
+                                                          (dbs.DeviceModel, "device"),
+                                                          (dbs.ShapeBucketModel, "bucket")))
+                row = dbs.add_trial(s, kernel=k, device=d, bucket=b, config=dataclasses.asdict(cfg),
+                                    status=outcome.status, shape=problem.as_dict(),
+                                    time_ms=outcome.time_ms, tflops=outcome.tflops,
+                                    error=outcome.error, study_name=t.study_name,
+                                    optuna_trial=optuna_trial, is_default=is_default)
+                if outcome.status == "ok":
+                    if is_default:
+                        yardstick.update(ms=outcome.time_ms, tflops=outcome.tflops)
+                    dbs.offer_winner(s, row, t.device_class, yardstick["ms"], yardstick["tflops"])
+
+        def known(cfg):
+            from attngen.tuning.objective import Outcome
+
+            with store.session() as s:
+                prev = dbs.find_trial_by_config(s, kernel_id, t.device_class, bucket_id,
+                                                schema.config_json(dataclasses.asdict(cfg)))
+                if prev is None or prev.device_id != device_id:
+                    return None
+                return Outcome(prev.status, prev.time_ms, prev.tflops, prev.error)
+
+        # 1. the default config: the yardstick of the gain, and Optuna's first trial
+        # the GPU's default table even when a fake GPU runs kernels in the interpreter: the
+        # winner competes with what the runtime would launch on the device class
+        dcfg = default_config(spec, "cuda", t.bucket.seqlen_q)
+        default_outcome = None
+        with store.session() as s:
+            prev = dbs.find_default_trial(s, kernel_id, device_id, bucket_id)
+            if prev is not None:
+                from attngen.tuning.objective import Outcome
+
+                default_outcome = Outcome(prev.status, prev.time_ms, prev.tflops, prev.error)
+        if default_outcome is None:
+            default_outcome = known(dcfg)  # measured as an ordinary trial before
+        if default_outcome is None:
+            default_outcome = bench.run(dcfg)
+            record(dcfg, default_outcome, is_default=True)
+        if default_outcome.status == "ok":
+            yardstick.update(ms=default_outcome.time_ms, tflops=default_outcome.tflops)
+            report.default_ms, report.default_tflops = default_outcome.time_ms, default_outcome.tflops
+
+        # 2. the search
+        worker = self.opts.worker[0] if self.opts.worker else 0
+        sampler = make_sampler(self.opts.sampler, space_, budget, self.opts.seed + 1000 * worker)
+        study = self._study(storage, t, sampler)
+        if in_space(dcfg, space_):
+            study.enqueue_trial(dataclasses.asdict(dcfg), skip_if_exists=True)
+        cap = 10 * budget + 50  # Optuna trials, counting re-proposals of known configs
+
+        def measured() -> int:
+            with store.session() as s:
+                return dbs.count_measured(s, kernel_id, t.device_class, bucket_id, t.study_name)
+
+        def best() -> tuple[float, float] | None:
+            with store.session() as s:
+                w = dbs.find_winner(s, kernel_id, t.device_class, bucket_id)
+                return (w.time_ms, w.tflops, json.loads(w.config_json)) if w else None
+
+        self.progress.start(index, total, t, budget, measured())
+
+        def objective(trial) -> float:
+            values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+            cfg = space.config_from_dict(family_of(family).config, values)
+            outcome = known(cfg)
+            if outcome is None:
+                outcome = bench.run(cfg)
+                record(cfg, outcome, optuna_trial=trial.number)
+                self.progress.trial(t, measured(), budget, values, outcome, best())
+            else:
+                trial.set_user_attr("reused", True)
+            trial.set_user_attr("status", outcome.status)
+            if outcome.error:
+                trial.set_user_attr("error", outcome.error[:1000])
+            if outcome.status != "ok":
+                raise TrialFailed(f"{outcome.status}: {outcome.error}")
+            trial.set_user_attr("tflops", outcome.tflops)
+            return outcome.time_ms
+
+        def stop(study_, _trial) -> None:
+            if (measured() >= budget or len(study_.trials) >= cap
+                    or (deadline is not None and time.monotonic() >= deadline)):
+                study_.stop()
+
+        if measured() < budget:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            study.optimize(objective, timeout=remaining, callbacks=[stop], catch=(TrialFailed,),
+                           n_trials=max(1, cap - len(study.trials)))
+        report.measured = measured()
+        b = best()
+        if b:
+            report.best_ms, report.best_tflops, report.best_config = b
+        self.progress.finish(t, report)
+        return report
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+
+def tune(opts: TuneOptions, timer=None, probe=None) -> int:
+    """What `attngen tune` does; returns the exit code. Raises TuneError / TuningDBError for
+    problems the user must fix (the CLI prints them on one line)."""
+    if opts.sampler not in SAMPLERS:
+        raise TuneError(f"--sampler must be one of {', '.join(SAMPLERS)}")
+    if opts.trials < 1:
+        raise TuneError("--trials must be >= 1")
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if opts.workers > 1 and opts.worker is None:
+        return _run_workers(opts, timer, probe)
+    prefix = f"[w{opts.worker[0]}] " if opts.worker else ""
+    live = opts.worker is None and not opts.quiet and sys.stdout.isatty()
+    t0 = time.monotonic()
+    tuner = Tuner(opts, timer, probe)
+    try:
+        targets = plan(opts)
+        tuner.progress = RichProgress(len(targets)) if live else Progress(prefix, opts.quiet)
+        reports = tuner.run()
+    except KeyboardInterrupt:
+        print(f"{prefix}interrupted: every finished trial is in {schema.redact(opts.url)}; "
+              f"`attngen tune ... --resume` continues", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        if tuner.progress:
+            tuner.progress.close()
+    if opts.worker is None:
+        dbs.Store(opts.url, "write").pack()
+        _summary(reports, time.monotonic() - t0, opts)
+    return 0
+
+
+def _summary(reports: list[TargetReport], seconds: float, opts: TuneOptions) -> None:
+    if opts.quiet:
+        return
+    print(f"tuned {len(reports)} studies in {seconds:.0f} s into {schema.redact(opts.url)}")
+    for r in reports:
+        print(f"  {r.target.label}: {r.line()}")
+
+
+def _child_argv(opts: TuneOptions, index: int, gpu: int) -> list[str]:
+    argv = [sys.executable, "-m", "attngen.cli", "tune", "--device", opts.device,
+            "--trials", str(opts.trials), "--storage", opts.url, "--resume",
+            "--sampler", opts.sampler, "--seed", str(opts.seed),
+            "--worker", f"{index}/{opts.workers}", "--gpu", str(gpu)]
+    for s in opts.specs:
+        argv += ["--spec", str(s)]
+    if opts.shapes:
+        argv += ["--shapes", ",".join(b.key for b in opts.shapes)]
+    if opts.timeout:
+        argv += ["--timeout", str(opts.timeout)]
+    if len(opts.families) == 1:
+        argv += ["--family", opts.families[0]]
+    if opts.kernels:
+        argv += ["--kernels", opts.kernels]
+    if opts.timer_ref:
+        argv += ["--timer", opts.timer_ref]
+    if opts.probe_ref:
+        argv += ["--probe", opts.probe_ref]
+    return argv
+
+
+def _run_workers(opts: TuneOptions, timer, probe) -> int:
+    """N processes on one storage; each takes GPU i mod (GPUs there are)."""
+    if (timer is not None and opts.timer_ref is None) or (probe is not None and opts.probe_ref is None):
+        raise TuneError("--workers starts new processes: pass the timer and probe as --timer / "
+                        "--probe references, not as Python objects")
+    t0 = time.monotonic()
+    tuner = Tuner(opts, timer, probe, Progress(quiet=opts.quiet))
+    targets = plan(opts)
+    tuner.device_info()
+    tuner.preflight(targets)
+    if tuner.probe is not None or env.interpreting():
+        gpus = 1
+    else:
+        from attngen.tuning.timing import cuda_device_count
+
+        gpus = max(1, cuda_device_count())
+    if not opts.quiet:
+        print(f"{opts.workers} workers on {gpus} GPU(s), {len(targets)} studies, storage "
+              f"{schema.redact(opts.url)}" + ("; workers share GPUs, so their timings disturb "
+                                              "each other" if opts.workers > gpus else ""), flush=True)
+    procs = [subprocess.Popen(_child_argv(opts, i, i % gpus)) for i in range(opts.workers)]
+    try:
+        codes = [p.wait() for p in procs]
+    except KeyboardInterrupt:
+        codes = [p.wait() for p in procs]  # they got the same Ctrl-C; let them record and exit
+        print(f"interrupted: every finished trial is in {schema.redact(opts.url)}; --resume "
+              f"continues", file=sys.stderr)
+        return 130
+    dbs.Store(opts.url, "write").pack()
+    if not opts.quiet:
+        print(f"workers exited with {codes} after {time.monotonic() - t0:.0f} s")
+        with dbs.Store(opts.url, "read") as st, st.session() as s:
+            uris = {t.spec.uri for t in targets}
+            for w in dbs.where_winners(s, device_class=opts.device):
+                if w.uri in uris:
+                    gain = f" ({w.gain:+.1%} vs default)" if w.gain is not None else ""
+                    print(f"  {w.uri} {w.bucket}: {w.time_ms:.4f} ms {w.config}{gain}")
+    return max(codes) if codes else 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Is the search worth it? Optuna against the exhaustive grid over the same space.
+
+def replay(table: dict[str, float | None], space_: dict[str, tuple], budget: int, seed: int,
+           sampler: str = "tpe", first: dict | None = None) -> tuple[float, int]:
+    """Run a sampler against a table of measured times (config_json -> ms, None = failed; a config
+    not in the table counts as invalid) until `budget` distinct table configs were seen; returns
+    (best ms found, distinct configs seen). `first` is enqueued first (the default config)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if sampler == "random":
+        smp = optuna.samplers.RandomSampler(seed=seed)
+    else:
+        smp = make_sampler(sampler, space_, budget, seed)
+    study = optuna.create_study(sampler=smp, direction="minimize")
+    if first is not None:
+        study.enqueue_trial(first)
+    seen: dict[str, float | None] = {}
+
+    def objective(trial):
+        values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+        key = schema.config_json(values)
+        if key not in table:
+            raise TrialFailed("invalid")
+        seen[key] = table[key]
+        if table[key] is None:
+            raise TrialFailed("failed")
+        return table[key]
+
+    def stop(study_, _t):
+        if len(seen) >= budget or len(study_.trials) >= 20 * budget + 100:
+            study_.stop()
+
+    study.optimize(objective, callbacks=[stop], catch=(TrialFailed,), n_trials=20 * budget + 100)
+    ok = [v for v in seen.values() if v is not None]
+    return (min(ok) if ok else math.inf), len(seen)
+
+
+def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: float = 0.03,
+            seeds: int = 20) -> dict:
+    """For each (kernel, device class, bucket) tuned in both databases: the exhaustive best, the
+    searched winner's time (live, and as the exhaustive run measured that config), the fraction of
+    the measured configs the search needed; plus replays of TPE, and of random search for
+    scale, against the exhaustive table over `seeds` seeds with the same budget."""
+    with dbs.Store(exhaustive, "read") as a, a.session() as s:
+        ex_trials = dbs.where_trials(s)
+    with dbs.Store(search, "read") as b, b.session() as s:
+        se_trials = dbs.where_trials(s)
+        se_winners = dbs.where_winners(s)
+    rows = []
+    for w in se_winners:
+        key = (w.uri, w.template_hash, w.device_class, w.bucket)
+        tab: dict[str, float | None] = {}
+        spec = None
+        for t in ex_trials:
+            if (t["uri"], t["template_hash"], t["device_class"], t["bucket"]) == key and t["status"] != "invalid":
+                ck = schema.config_json(t["config"])
+                if t["status"] == "ok":
+                    tab[ck] = min(t["time_ms"], tab.get(ck) or math.inf)
+                else:
+                    tab.setdefault(ck, None)
+                spec = KernelSpec(**t["spec"])
+        ok = [v for v in tab.values() if v is not None]
+        if not ok:
+            continue
+        best = min(ok)
+        se_measured = len({schema.config_json(t["config"]) for t in se_trials
+                           if (t["uri"], t["template_hash"], t["device_class"], t["bucket"]) == key
+                           and t["status"] != "invalid"})
+        picked = tab.get(schema.config_json(w.config))
+        budget = max(1, int(budget_frac * len(tab)))
+        space_ = space_for(spec)
+        dflt = dataclasses.asdict(default_config(spec, "cuda", schema.bucket_fields(w.bucket)[0]))
+        dflt = dflt if schema.config_json(dflt) in tab else None
+        rep = {}
+        for name, smp, first in (("tpe_with_default", "tpe", dflt), ("tpe_from_scratch", "tpe", None),
+                                 ("random_from_scratch", "random", None)):
+            gaps = [replay(tab, space_, budget, sd, smp, first)[0] / best - 1 for sd in range(seeds)]
+            rep[name] = {"median_gap": statistics.median(gaps), "worst_gap": max(gaps),
+                         "share_within_goal": sum(g <= goal_gap for g in gaps) / len(gaps)}
+        gap = picked / best - 1 if picked else None
+        frac = se_measured / len(tab)
+        rows.append({
+            "uri": w.uri, "bucket": w.bucket, "device_class": w.device_class,
+            "exhaustive_measured": len(tab), "exhaustive_best_ms": best,
+            "search_measured": se_measured, "search_fraction": frac,
+            "search_winner": w.config, "search_winner_ms_live": w.time_ms,
+            "search_winner_ms_in_exhaustive_run": picked,
+            "gap": gap, "gap_live": w.time_ms / best - 1,
+            "meets_goal": gap is not None and gap <= goal_gap and frac <= budget_frac + 1e-9,
+            "replay_budget": budget, "replay_seeds": seeds, "replay": rep,
+        })
+    return {"goal": {"gap": goal_gap, "fraction": budget_frac},
+            "exhaustive": schema.redact(schema.to_url(exhaustive)),
+            "search": schema.redact(schema.to_url(search)), "rows": rows,
+            "all_meet_goal": bool(rows) and all(r["meets_goal"] for r in rows)}

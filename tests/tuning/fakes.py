@@ -1,0 +1,52 @@
+"""Stand-ins for the GPU in CPU tests of `attngen tune`: a device probe that reports an H200 (or an
+A100), and a timer whose milliseconds are a fixed function of the config, so a search has a known
+best. Kernels still run (through Triton's interpreter) and are checked against the reference; only
+the timing is fake. Passed to the CLI as `--timer tests/tuning/fakes.py:timer` (also to --workers
+children) or to attngen.tuning.tuner.tune() as objects."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from attngen.tuning.devices import DeviceInfo
+
+# the fake landscape's best forward config
+BEST_FWD = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}
+
+
+def h200(index: int = 0) -> DeviceInfo:
+    return DeviceInfo("NVIDIA H200 (fake)", (9, 0), "570.00", "12.8", "2.11.0", "3.6.0", index)
+
+
+def a100(index: int = 0) -> DeviceInfo:
+    return DeviceInfo("NVIDIA A100 (fake)", (8, 0), "570.00", "12.8", "2.11.0", "3.6.0", index)
+
+
+def fake_ms(config: dict) -> float:
+    """1.0 ms at BEST_FWD, more the further a config is from it; backward configs: by their
+    dK/dV part. Deterministic."""
+    ms = 1.0
+    for k in ("block_m", "block_n", "num_warps", "num_stages"):
+        a, b = config[k], BEST_FWD[k]
+        ms += 0.05 * abs(a.bit_length() - b.bit_length()) if k != "num_stages" else 0.03 * abs(a - b)
+    if config.get("atomic_dq"):
+        ms += 0.01
+    return ms
+
+
+class FakeOutOfResources(RuntimeError):
+    pass
+
+
+def timer(step, config, problem) -> float:
+    """Runs the step once (so a broken launch still fails) and returns fake_ms(config); block_n 32
+    with 4 stages "runs out of shared memory", as a compile failure the filter did not catch would.
+    With ATTNGEN_FAKE_TIMER_SLEEP=seconds it also sleeps (the Ctrl-C test)."""
+    step()
+    if config.get("block_n") == 32 and config.get("num_stages") == 4:
+        raise FakeOutOfResources("out of resource: shared memory (fake)")
+    delay = float(os.environ.get("ATTNGEN_FAKE_TIMER_SLEEP", "0"))
+    if delay:
+        time.sleep(delay)
+    return fake_ms(config)

@@ -1,0 +1,165 @@
+"""The tuner's objective on CPU (Triton's interpreter): the measured shape of a bucket, exact FLOPs,
+and a trial's fate: ok, invalid (never launched), failed (raised, wrong result, nothing written)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attngen.spec import load_spec
+from attngen.testing import keep_mask
+from attngen.tuning import objective as obj
+from attngen.tuning.buckets import parse_bucket
+from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen.env import REPO_ROOT
+
+
+def entry_and_spec(file, name, family="fwd", dtype="fp16", target="sm90"):
+    sf = load_spec(REPO_ROOT / "specs" / file)
+    e = next(x for x in sf.entries if x.name == name)
+    s = next(k for k in e.kernel_specs() if (k.family, k.dtype, k.target) == (family, dtype, target))
+    return e, s
+
+
+def fixed_timer(ms=1.0):
+    calls = []
+
+    def timer(step, config, problem):
+        step()
+        step()
+        calls.append(config)
+        return ms
+    timer.calls = calls
+    return timer
+
+
+def test_problem_for_bucket_uses_the_entry():
+    e, s = entry_and_spec("llama.yaml", "llama3_8b")
+    p = obj.problem_for(e, s, parse_bucket("q4096_k4096_bh128"))
+    assert (p.batch, p.heads_q, p.heads_kv, p.seqlen_q) == (4, 32, 8, 4096)
+    p = obj.problem_for(e, s, parse_bucket("q1024_k1024_bh16"))  # fewer heads than the model
+    assert (p.batch, p.heads_q, p.heads_kv) == (1, 16, 4)
+    p = obj.problem_for(e, s, parse_bucket("q1024_k1024_bh2"))  # below one GQA group
+    assert (p.batch, p.heads_q) == (1, 4)
+    e, s = entry_and_spec("mistral.yaml", "mistral_7b")
+    p = obj.problem_for(e, s, parse_bucket("q8192_k8192_bh32"))
+    assert p.causal and p.window == (4095, 0) and p.mask_args.window_left == 4095
+    e, s = entry_and_spec("gemma2.yaml", "gemma2_9b_global")
+    p = obj.problem_for(e, s, parse_bucket("q4096_k4096_bh32"))
+    assert p.softcap == 50.0 and p.scale == 0.0625
+    with pytest.raises(ValueError, match="decode"):
+        obj.problem_for(e, s, parse_bucket("q1_k4096_bh32"))
+    e2, _ = entry_and_spec("mistral.yaml", "mistral_7b")
+    with pytest.raises(ValueError, match="mask 'sliding_window'"):
+        obj.problem_for(e2, s, parse_bucket("q4096_k4096_bh32"))
+
+
+@pytest.mark.parametrize("sq, sk, causal, window, top_left", [
+    (64, 64, True, (-1, -1), False), (48, 80, True, (-1, -1), False), (80, 48, True, (-1, -1), True),
+    (64, 64, True, (15, 0), False), (64, 64, False, (-1, -1), False), (50, 70, False, (7, 3), False)])
+def test_pairs_is_the_exact_count(sq, sk, causal, window, top_left):
+    e, s = entry_and_spec("llama.yaml", "llama3_8b")
+    p = obj.Problem(s, 2, 8, sq, sk, causal, window, 0.0, 0.1, top_left)
+    assert p.pairs() == int(keep_mask(sq, sk, causal, window, top_left).sum())
+    assert p.flops == 2 * (128 + 128) * 2 * 8 * p.pairs()
+
+
+@pytest.fixture(scope="module")
+def fwd_objective():
+    e, s = entry_and_spec("llama.yaml", "llama3_8b")
+    p = obj.problem_for(e, s, parse_bucket("q16_k32_bh8"))
+    return obj.Objective(p, "cpu", timer=fixed_timer(2.0))
+
+
+def test_ok_trial_is_checked_then_timed(fwd_objective):
+    o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
+    assert o.status == "ok" and o.time_ms == 2.0
+    assert o.tflops == pytest.approx(fwd_objective.problem.flops / 2.0 / 1e9)
+    assert fwd_objective.timer.calls[-1] == {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}
+
+
+def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):
+    monkeypatch.setattr(obj, "attn_fwd", lambda *a, **k: pytest.fail("launched an invalid config"))
+    o = fwd_objective.run(FwdConfig(64, 128, 4, 4))
+    assert o.status == "invalid" and "shared memory" in o.error
+
+
+def test_launch_error_is_a_failed_trial(fwd_objective, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("out of resource: shared memory, Required: 999999")
+    monkeypatch.setattr(obj, "attn_fwd", boom)
+    o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
+    assert o.status == "failed" and o.time_ms is None and "RuntimeError: out of resource" in o.error
+
+
+@pytest.mark.parametrize("corrupt", ["zero", "nothing", "one_row", "lse"])
+def test_wrong_result_is_a_failed_trial(fwd_objective, monkeypatch, corrupt):
+    real = obj.attn_fwd
+
+    def wrong(mod, spec, q, k, v, out, lse, mask, cfg):
+        if corrupt == "nothing":
+            return
+        real(mod, spec, q, k, v, out, lse, mask, cfg)
+        if corrupt == "zero":
+            out.zero_()
+        elif corrupt == "one_row":
+            out[0, 1, 3] += 0.05
+        else:
+            lse[0, 0, 0] += 1e-2
+    monkeypatch.setattr(obj, "attn_fwd", wrong)
+    timer = fixed_timer()
+    fwd_objective.timer = timer
+    o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
+    assert o.status == "failed" and o.error.startswith("wrong result:"), o
+    assert ("non-finite" in o.error) == (corrupt == "nothing")
+    assert ("lse" in o.error) == (corrupt == "lse")
+    assert not timer.calls, "a wrong config must not be timed"
+
+
+def test_bad_timer_value_is_a_failed_trial(fwd_objective):
+    fwd_objective.timer = lambda step, c, p: math.nan
+    assert fwd_objective.run(FwdConfig(64, 32, 4, 2)).status == "failed"
+
+
+def test_step_rotates_through_input_sets(monkeypatch):
+    e, s = entry_and_spec("llama.yaml", "llama3_8b")
+    p = obj.problem_for(e, s, parse_bucket("q16_k16_bh4"))
+    monkeypatch.setattr(obj.timing, "l2_bytes", lambda device: 1 << 16)  # a tiny "L2": several sets
+    seen = []
+    real = obj.attn_fwd
+
+    def spy(mod, spec, q, k, v, out, lse, mask, cfg):
+        seen.append(q.data_ptr())
+        real(mod, spec, q, k, v, out, lse, mask, cfg)
+    monkeypatch.setattr(obj, "attn_fwd", spy)
+
+    def timer(step, config, problem):
+        for _ in range(7):
+            step()
+        return 1.0
+    o = obj.Objective(p, "cpu", timer=timer)
+    n = len(o.sets)
+    assert n == obj.timing.rotation_sets(sum(t.numel() * t.element_size() for t in o.sets[0].values()), 1 << 16) > 2
+    assert o.run(FwdConfig(64, 32, 4, 2)).status == "ok"
+    assert len(set(seen[1:])) == min(n, 7)  # seen[0]: the checked launch on set 0
+    assert len({t["q"].data_ptr() for t in o.sets}) == n
+    assert not torch.equal(o.sets[0]["q"], o.sets[1]["q"])  # fresh inputs, not copies
+
+
+def test_backward_varlen_trial(monkeypatch):
+    e, s = entry_and_spec("llama.yaml", "llama3_8b_packed", family="bwd")
+    p = obj.problem_for(e, s, parse_bucket("q16_k16_bh8"))
+    assert p.batch == 1 and s.varlen
+    o = obj.Objective(p, "cpu", timer=fixed_timer())
+    assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)).status == "ok"
+    assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)).status == "ok"
+    real = obj.attn_bwd_varlen
+
+    def off_by_a_bit(*args):
+        real(*args)
+        args[9][3, 1, 5] += 0.05  # dk of one key of one KV head
+    monkeypatch.setattr(obj, "attn_bwd_varlen", off_by_a_bit)
+    r = o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1))
+    assert r.status == "failed" and " dk:" in r.error, r

@@ -1,0 +1,66 @@
+"""What `attngen tune` plans to tune: default buckets per spec entry, kernels per device profile,
+family and --kernels filter, one study name per (kernel, template, device class, bucket, space);
+and the device-profile check."""
+
+from __future__ import annotations
+
+import pytest
+
+from attngen.env import REPO_ROOT
+from attngen.spec import load_spec
+from attngen.tuning import space, tuner
+from attngen.tuning.buckets import parse_bucket
+from attngen.tuning.devices import DeviceInfo, check_profile
+
+SPECS = REPO_ROOT / "specs"
+
+
+def test_default_buckets_per_entry():
+    e = next(x for x in load_spec(SPECS / "llama.yaml").entries if x.name == "llama3_8b")
+    keys = [b.key for b in tuner.default_buckets(e)]
+    assert len(keys) == 10 and "q1024_k1024_bh32" in keys and "q16384_k16384_bh128" in keys
+    assert not any(b.decode for b in tuner.default_buckets(e))
+
+
+def test_plan_filters_by_profile_family_and_glob():
+    targets = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)]))
+    assert targets and all(t.spec.target == "sm90" and t.device_class == "h100" for t in targets)
+    assert {t.spec.family for t in targets} == {"fwd", "bwd"}
+    assert not any(t.spec.uri.endswith("hd80_gqa2_full_sm80") for t in targets)  # encoder: sm80 only
+    a100 = tuner.plan(tuner.TuneOptions(device="a100", specs=[str(SPECS / "phi3.yaml")], families=("fwd",)))
+    assert {t.spec.uri for t in a100} == {"attn_fwd_bf16_hd96_gqa1_causal_sm80", "attn_fwd_fp16_hd96_gqa1_causal_sm80",
+                                          "attn_fwd_bf16_hd80_gqa2_full_sm80", "attn_fwd_fp16_hd80_gqa2_full_sm80"}
+    some = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)], kernels="attn_bwd_bf16_*",
+                                        shapes=[parse_bucket("q4096_k4096_bh64")]))
+    assert all(t.spec.uri.startswith("attn_bwd_bf16_") and t.bucket.key == "q4096_k4096_bh64" for t in some)
+    names = [t.study_name for t in targets]
+    assert len(set(names)) == len(names)
+
+
+def test_study_name_follows_template_and_space(monkeypatch):
+    (t,) = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS / "llama.yaml")],
+                                        kernels="attn_fwd_bf16_hd128_gqa4_causal_sm90",
+                                        shapes=[parse_bucket("q4096_k4096_bh64")]))
+    uri, h, cls, bucket, sp = t.study_name.split(".")
+    assert (uri, h, cls, bucket) == (t.spec.uri, t.template_hash, "h100", "q4096_k4096_bh64")
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"num_warps": (4,)})
+    assert t.study_name.split(".")[4] != sp
+
+
+def test_nothing_to_tune_and_bad_spec_are_tune_errors(tmp_path):
+    with pytest.raises(tuner.TuneError, match="nothing to tune"):
+        tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)], kernels="nope*"))
+    (tmp_path / "bad.yaml").write_text("kernels: 3\n")
+    with pytest.raises(tuner.TuneError, match="bad.yaml"):
+        tuner.plan(tuner.TuneOptions(device="h100", specs=[str(tmp_path / "bad.yaml")]))
+
+
+@pytest.mark.parametrize("cap, profile, ok", [((9, 0), "h100", True), ((8, 0), "a100", True),
+                                               ((8, 0), "h100", False), ((8, 9), "a100", False),
+                                               ((10, 0), "h100", False)])
+def test_check_profile(cap, profile, ok):
+    info = DeviceInfo("GPU X", cap, "1", "12", "2", "3", index=1)
+    why = check_profile(info, profile)
+    assert (why is None) == ok
+    if not ok:
+        assert why.startswith(f"GPU 1 is GPU X (sm{cap[0]}{cap[1]}") and f"--device {profile} needs" in why

@@ -1,0 +1,232 @@
+"""`attngen tune` end to end on CPU: kernels run through Triton's interpreter and are checked
+against the reference; a fake GPU probe and a fake timer (tests/tuning/fakes.py, a known landscape)
+stand in for the H200 and do_bench. What lands in the database, failed and invalid configs, the
+winner, --resume, the device check, Ctrl-C, --workers, and the grid-vs-TPE comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from attngen.cli import main as cli
+from attngen.db import store as dbs
+from attngen.env import REPO_ROOT
+from attngen.tuning import space, tuner
+from attngen.tuning.space import FwdConfig
+
+from . import fakes
+
+FAKES = Path(fakes.__file__)
+URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
+BUCKET = "q16_k16_bh4"
+SMALL = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+DEFAULT = FwdConfig(64, 64, 4, 3)  # space.default_fwd_config, hd128 causal, Sq <= 1024
+
+
+def tune_argv(storage, *extra, trials=6):
+    return ["tune", "--device", "h100", "--spec", str(REPO_ROOT / "specs" / "llama.yaml"),
+            "--kernels", URI, "--shapes", BUCKET, "--trials", str(trials), "--storage", str(storage),
+            "--timer", f"{FAKES}:timer", "--probe", f"{FAKES}:h200", *extra]
+
+
+@pytest.fixture
+def small_space(monkeypatch):
+    """36 configs: 4 invalid (shared memory), 4 that 'run out of resources' in the fake timer."""
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), SMALL)
+
+
+def rows(path, sql):
+    con = sqlite3.connect(path)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+def check_consistent(path) -> list[dict]:
+    """Every winner is the fastest ok trial of its bucket and names that trial; failed and invalid
+    trials carry their error; returns the trials."""
+    with dbs.Store(str(path), "read") as st, st.session() as s:
+        trials = dbs.where_trials(s)
+        ws = dbs.where_winners(s)
+    assert rows(path, "PRAGMA integrity_check") == [("ok",)]
+    for w in ws:
+        ok = [t for t in trials if t["bucket"] == w.bucket and t["uri"] == w.uri and t["status"] == "ok"]
+        assert w.time_ms == min(t["time_ms"] for t in ok)
+        assert any(t["uid"] == w.trial_uid and t["config"] == w.config for t in ok)
+    for t in trials:
+        assert (t["status"] == "ok") == (t["time_ms"] is not None)
+        assert (t["status"] != "ok") == bool(t["error"]), t
+    return trials
+
+
+def test_tune_records_every_trial_and_the_fastest_ok_config_wins(tmp_path, small_space, capsys):
+    db = tmp_path / "t.sqlite"
+    assert cli(tune_argv(db, trials=8)) == 0
+    out = capsys.readouterr().out
+    assert "tuned 1 studies" in out and "vs default" in out
+    trials = check_consistent(db)
+    measured = {json.dumps(t["config"], sort_keys=True) for t in trials if t["status"] != "invalid"}
+    assert len(measured) == 8
+    default = [t for t in trials if t["is_default"]]
+    assert len(default) == 1 and default[0]["config"] == dataclasses.asdict(DEFAULT)
+    assert default[0]["time_ms"] == fakes.fake_ms(dataclasses.asdict(DEFAULT))
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (w,) = dbs.where_winners(s)
+    assert (w.uri, w.bucket, w.device_class, w.gpu_name) == (URI, BUCKET, "h100", "NVIDIA H200 (fake)")
+    assert w.default_time_ms == default[0]["time_ms"] and w.time_ms <= w.default_time_ms
+    # the Optuna study sits in the same database, named and labelled for optuna-dashboard
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}", include_best_trial=False)
+    assert summary.study_name.startswith(URI + ".") and f".h100.{BUCKET}." in summary.study_name
+    assert summary.user_attrs["bucket"] == BUCKET and summary.n_trials >= 8
+    assert rows(db, "PRAGMA journal_mode") == [("delete",)]  # packed for committing
+
+
+@pytest.fixture(scope="module")
+def grid_db(tmp_path_factory):
+    """One exhaustive run over SMALL, shared by the tests that read it."""
+    db = tmp_path_factory.mktemp("grid") / "grid.sqlite"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(space.TARGET_SPACES, ("fwd", "sm90"), SMALL)
+        assert cli(tune_argv(db, "--sampler", "grid", "--quiet", trials=100)) == 0
+    return db
+
+
+def test_grid_measures_the_whole_space_and_failed_configs_never_win(grid_db):
+    db = grid_db
+    trials = check_consistent(db)
+    by_status = {}
+    for t in trials:
+        by_status.setdefault(t["status"], []).append(t)
+    assert len(by_status["invalid"]) == 4 and all("shared memory" in t["error"] for t in by_status["invalid"])
+    assert len(by_status["failed"]) == 4
+    assert all("FakeOutOfResources" in t["error"] and t["config"]["block_n"] == 32 for t in by_status["failed"])
+    assert len(by_status["ok"]) == 36 - 8  # every valid config once (the default's row is its grid point)
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (w,) = dbs.where_winners(s)
+    assert w.config == fakes.BEST_FWD and w.time_ms == 1.0
+    assert w.gain == pytest.approx(fakes.fake_ms(dataclasses.asdict(DEFAULT)) - 1.0)
+
+
+def test_existing_studies_need_resume_and_resume_measures_nothing_twice(tmp_path, small_space, capsys):
+    db = tmp_path / "r.sqlite"
+    assert cli(tune_argv(db, trials=4)) == 0
+    capsys.readouterr()
+    assert cli(tune_argv(db, trials=4)) == 2
+    err = capsys.readouterr().err
+    assert "--resume" in err and err.count("\n") == 1
+    assert cli(tune_argv(db, "--resume", trials=9)) == 0
+    trials = check_consistent(db)
+    measured = [json.dumps(t["config"], sort_keys=True) for t in trials
+                if t["status"] != "invalid" and not t["is_default"]]
+    assert len(set(measured)) == len(measured), "a config was measured twice"
+    assert len(set(measured) | {json.dumps(dataclasses.asdict(DEFAULT), sort_keys=True)}) == 9
+
+
+def test_gpu_outside_the_profile_stops_before_any_work(tmp_path, capsys):
+    db = tmp_path / "x.sqlite"
+    argv = tune_argv(db)
+    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:a100"
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attngen tune: GPU 0 is NVIDIA A100 (fake) (sm80, profile a100); --device h100 needs sm90")
+    assert not db.exists()
+    argv = [a for a in tune_argv(db) if a not in ("--probe", f"{FAKES}:h200")]
+    assert cli(argv) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err and not db.exists()
+
+
+def test_nothing_to_tune_and_bad_buckets_are_clear(tmp_path, capsys):
+    argv = tune_argv(tmp_path / "x.sqlite")
+    argv[argv.index(URI)] = "attn_nothing_*"
+    assert cli(argv) == 2
+    assert "nothing to tune" in capsys.readouterr().err
+    argv = tune_argv(tmp_path / "x.sqlite")
+    argv[argv.index(BUCKET)] = "q100_k100_bh4"
+    assert cli(argv) == 2
+    assert "powers of two" in capsys.readouterr().err
+
+
+def _subprocess_env(**extra):
+    return {**os.environ, "PYTHONUNBUFFERED": "1", **extra}
+
+
+def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
+    db = tmp_path / "c.sqlite"
+    argv = [sys.executable, "-m", "attngen.cli", *tune_argv(db, trials=10)]
+    p = subprocess.Popen(argv, env=_subprocess_env(ATTNGEN_FAKE_TIMER_SLEEP="0.4"), cwd=REPO_ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    n = 0
+    while time.monotonic() < deadline and p.poll() is None:
+        if db.exists():
+            try:
+                n = rows(db, "SELECT count(*) FROM attngen_trials WHERE status != 'invalid'")[0][0]
+            except sqlite3.OperationalError:
+                n = 0
+        if n >= 3:
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, f"tune ended before Ctrl-C: {p.communicate()}"
+    time.sleep(0.2)  # most likely inside the fake timer's sleep, or the next trial's launch
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    before = check_consistent(db)
+    assert 3 <= len({json.dumps(t["config"]) for t in before if t["status"] != "invalid"}) < 10
+    assert cli(tune_argv(db, "--resume", trials=10)) == 0
+    after = check_consistent(db)
+    assert len({json.dumps(t["config"]) for t in after if t["status"] != "invalid"}) == 10
+    assert {t["uid"] for t in before} <= {t["uid"] for t in after}
+
+
+def test_two_workers_share_one_storage(tmp_path, capfd):
+    db = tmp_path / "w.sqlite"
+    assert cli(tune_argv(db, "--workers", "2", trials=6)) == 0
+    out = capfd.readouterr().out
+    assert "2 workers on 1 GPU(s)" in out and "[w0]" in out and "[w1]" in out
+    trials = check_consistent(db)
+    measured = {json.dumps(t["config"], sort_keys=True) for t in trials if t["status"] != "invalid"}
+    assert 6 <= len(measured) <= 7  # both stop at the budget; one may finish a trial in flight
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        assert len(dbs.where_winners(s)) == 1
+    (summary,) = optuna.get_all_study_summaries(f"sqlite:///{db}", include_best_trial=False)
+    assert summary.n_trials >= 6
+
+
+def test_compare_grid_with_search(tmp_path, grid_db, small_space):
+    grid, tpe = grid_db, tmp_path / "tpe.sqlite"
+    assert cli(tune_argv(tpe, "--quiet", trials=5)) == 0
+    res = tuner.compare(str(grid), str(tpe), seeds=3)
+    (r,) = res["rows"]
+    assert r["exhaustive_measured"] == 32 and r["exhaustive_best_ms"] == 1.0 and r["search_measured"] == 5
+    assert r["search_fraction"] == pytest.approx(5 / 32)
+    expected = fakes.fake_ms(r["search_winner"])
+    assert r["search_winner_ms_in_exhaustive_run"] == expected and r["gap"] == pytest.approx(expected - 1.0)
+    assert r["meets_goal"] == (r["gap"] <= 0.03)
+    assert r["replay_budget"] == 9 and set(r["replay"]) == {"tpe_with_default", "tpe_from_scratch",
+                                                            "random_from_scratch"}
+    assert cli(["db", "compare", "--exhaustive", str(grid), "--search", str(tpe), "--seeds", "2",
+                "--out", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["rows"][0]["uri"] == URI
+
+
+def test_replay_finds_the_best_of_a_table():
+    sp = {"a": (1, 2, 3, 4), "b": (1, 2, 3, 4)}
+    table = {json.dumps({"a": a, "b": b}, sort_keys=True, separators=(",", ":")): 1.0 + abs(a - 3) + abs(b - 2)
+             for a in sp["a"] for b in sp["b"] if (a, b) != (4, 4)}
+    best, seen = tuner.replay(table, sp, budget=15, seed=0)
+    assert best == 1.0 and seen == 15  # 15 of the 15 configs in the table: found
+    best, seen = tuner.replay(table, sp, budget=3, seed=1, sampler="random")
+    assert seen == 3 and best >= 1.0
