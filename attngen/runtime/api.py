@@ -196,6 +196,7 @@ class ForwardPlan:
             self.out_shape = (B, sq, hq, dv) if opts.layout == "bshd" else (B, hq, sq, dv)
             self.lse_shape = (B, hq, sq)
         self.dtype, self.device, self.layout, self.bucket = q.dtype, q.device, opts.layout, bucket
+        self.opts = opts
         self.spec, interpret = kernel_spec("fwd", q.dtype, q.device, dqk, dv, hq // hkv, opts.mask,
                                            opts.softcap, packed)
         self.module = loader.load(self.spec)
@@ -343,21 +344,46 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
             plan = _FAST.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = plan = None
-        if plan is not None and not _wants_grad(q, k, v):
-            out, lse = plan.run(q, k, v)
+        if plan is not None:
+            if _wants_grad(q, k, v):
+                out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
+            else:
+                out, lse = plan.run(q, k, v)
             return (out, lse) if return_lse else out
     check_dense(q, k, v, layout)
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
-    if compiling or _wants_grad(q, k, v):
+    if compiling:
         from attngen.runtime import ops
 
         out, lse = ops.attention_fwd(q, k, v, None, None, 0, 0, opts, bool(deterministic))
+        return (out, lse) if return_lse else out
+    plan = forward_plan(q, k, v, opts)
+    if key is not None:
+        _FAST.put(key, plan)
+    if _wants_grad(q, k, v):
+        out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
     else:
-        plan = forward_plan(q, k, v, opts)
-        if key is not None:
-            _FAST.put(key, plan)
         out, lse = plan.run(q, k, v)
     return (out, lse) if return_lse else out
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager calls that want a gradient: lighter than dispatching the custom op (which
+    torch.compile traces instead); the same plans and the same backward implementation."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, plan: ForwardPlan, deterministic: bool):
+        out, lse = plan.run(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.opts, ctx.deterministic = plan.opts, deterministic
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.deterministic)
+        return dq, dk, dv, None, None
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, host: torch.Tensor, total: int,

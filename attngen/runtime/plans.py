@@ -63,7 +63,10 @@ class CompiledLaunch:
 
 
 def _hooks_off() -> bool:
-    return knobs.runtime.launch_enter_hook is None
+    """No launch hook registered (a profiler such as proton adds one): the direct launch skips
+    Triton's hook plumbing, so with a hook every launch goes through the JIT instead."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is None or not getattr(hook, "calls", True)
 
 
 def _stream(index: int):
