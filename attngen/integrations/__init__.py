@@ -1,0 +1,1 @@
+"""Adapters that plug attngen into other libraries (imported on demand only)."""
