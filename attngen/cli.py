@@ -129,11 +129,21 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------------------------------
 
+def _runtime():
+    from attngen.runtime import commands
+
+    return commands
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("build", "render spec files into stamped Triton modules",
             _build_arguments, _run_build),
     Command("bench", "TFLOP/s against cuDNN, FA2, FlexAttention (GPU); plot results",
             _bench_arguments, _run_bench),
+    Command("warmup", "compile kernels for given shape buckets ahead of time",
+            lambda p: _runtime().warmup_arguments(p), lambda a: _runtime().run_warmup(a)),
+    Command("explain", "show the kernel, config and bucket a call uses, and why",
+            lambda p: _runtime().explain_arguments(p), lambda a: _runtime().run_explain(a)),
 )
 
 

@@ -1,0 +1,93 @@
+"""`attngen warmup` and `attngen explain`: the runtime's sub-commands (rows of cli.COMMANDS)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def warmup_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="+", help="spec files or folders: their entries' shapes are warmed")
+    p.add_argument("--seqlens", type=_ints, default=[1024, 4096, 16384],
+                   help="sequence lengths, one per shape bucket to compile (default 1024,4096,16384)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--backward", action="store_true", help="compile the backward kernels too")
+    p.add_argument("--device", default="cuda")
+
+
+def run_warmup(args: argparse.Namespace) -> int:
+    import torch
+
+    from attngen.runtime.tools import warmup
+    from attngen.spec import SpecError, load_specs
+
+    try:
+        files = load_specs(args.specs)
+    except SpecError as exc:
+        print(f"attngen warmup: {len(exc.problems)} problem(s):\n{exc}", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("attngen warmup: --device cuda but no CUDA GPU is visible; use --device cpu for the "
+              "interpreter", file=sys.stderr)
+        return 2
+    for f in files:
+        for e in f.entries:
+            hq = e.num_q_heads or e.gqa_ratio
+            hkv = e.num_kv_heads or 1
+            inner = e.document_mask if e.mask == "document" else e.mask
+            window = (e.window - 1, 0) if inner == "sliding_window" and e.window else (-1, -1)
+            for dt in e.dtypes:
+                if dt not in DTYPES:
+                    continue
+                rows = warmup(num_q_heads=hq, num_kv_heads=hkv, head_dim=e.head_dim_qk,
+                              seqlens=args.seqlens, batch=args.batch,
+                              dtype=getattr(torch, DTYPES[dt]), device=args.device,
+                              causal=inner in ("causal", "sliding_window"), window_size=window,
+                              softcap=e.softcap, backward=args.backward)
+                for r in rows:
+                    print(f"{e.name:<16} {dt:<5} S={r['seqlen']:<7} {r['bucket']:<20} {r['kernel']:<44} "
+                          f"{r['config']}  {r['seconds']:.2f} s")
+    return 0
+
+
+def explain_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shape", type=_ints, required=True, help="B,Hq,Hkv,Sq,Sk,D")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--window", type=_ints, default=[-1, -1], help="left,right (flash-attn)")
+    p.add_argument("--softcap", type=float, default=0.0)
+    p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
+    p.add_argument("--device", default="cuda")
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    import torch
+
+    from attngen.runtime.tools import explain
+
+    if len(args.shape) != 6:
+        print("attngen explain: --shape takes B,Hq,Hkv,Sq,Sk,D", file=sys.stderr)
+        return 2
+    B, hq, hkv, sq, sk, d = args.shape
+    dt = getattr(torch, DTYPES[args.dtype])
+    dims = ((B, hq, sq, d), (B, hkv, sk, d)) if args.layout == "bhsd" else ((B, sq, hq, d), (B, sk, hkv, d))
+    try:  # shapes only: nothing is allocated or launched
+        q = torch.empty(dims[0], dtype=dt, device=args.device)
+        k = torch.empty(dims[1], dtype=dt, device=args.device)
+        info = explain(q, k, k, causal=args.causal, window_size=tuple(args.window),
+                       softcap=args.softcap, layout=args.layout)
+    except (ValueError, RuntimeError) as exc:
+        print(f"attngen explain: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=1))
+    return 0
