@@ -7,7 +7,8 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
+from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, strides4,
+                                   tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
 
@@ -43,6 +44,15 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
     }
     grid = programs(blocks, bh, "q") if rows and bh else 0
+    descs = None
+    if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and not packed and grid:
+        descs = tma_descriptors(
+            {"desc_q": ("Q", q), "desc_k": ("K", k), "desc_v": ("V", v), "desc_o": ("Out", out)},
+            {"desc_q": [1, 1, cfg.block_m, spec.pad_qk], "desc_k": [1, 1, cfg.block_n, spec.pad_qk],
+             "desc_v": [1, 1, cfg.block_n, spec.pad_v], "desc_o": [1, 1, cfg.block_m, spec.pad_v]})
+    if descs is not None and not values["OFFS_64"]:
+        values["WARP_SPEC"] = bool(cfg.warp_specialize)
+        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, 5, descs)]
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
 
 

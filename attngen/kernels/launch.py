@@ -25,7 +25,10 @@ class Launch:
     values: dict[str, Any]  # kernel parameter name -> value (constexprs included)
     num_warps: int
     num_stages: int
-    num_tensors: int = 0  # the leading pointer parameters (filled by bind())
+    num_tensors: int = 0  # the leading pointer / descriptor parameters
+    # TMA descriptor parameters: name -> (tensor name, shape, strides, block shape); rebuilt around
+    # each call's tensors by whoever replays the launch (runtime plans)
+    descriptors: dict | None = None
 
     def args(self) -> tuple:
         names = self.fn.arg_names
@@ -39,8 +42,31 @@ class Launch:
         what Triton returns (the compiled kernel on a GPU)."""
         if self.grid == 0:
             return None
+        if self.descriptors:
+            self.values.update(make_descriptors(self.descriptors, self.values))
         return self.fn[(self.grid,)](*self.args(), num_warps=self.num_warps,
                                      num_stages=self.num_stages)
+
+
+def tma_descriptors(views: dict, blocks: dict) -> dict | None:
+    """{descriptor name: (tensor name, shape, strides, block)} for (B, H, S, D) views, or None when
+    a view cannot go through the copy engine (rows not 16-byte aligned, a non-unit head-dim stride,
+    an empty tensor)."""
+    out = {}
+    for name, (src, view) in views.items():
+        esize = view.element_size()
+        if (view.numel() == 0 or view.stride(3) != 1 or view.data_ptr() % 16
+                or any((st * esize) % 16 for st in view.stride()[:3])):
+            return None
+        out[name] = (src, list(view.shape), list(view.stride()), blocks[name])
+    return out
+
+
+def make_descriptors(descs: dict, tensors: dict) -> dict:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return {name: TensorDescriptor(tensors[src], shape, strides, block)
+            for name, (src, shape, strides, block) in descs.items()}
 
 
 def programs(blocks: int, batch_heads: int, what: str) -> int:

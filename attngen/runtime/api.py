@@ -22,6 +22,7 @@ from attngen.kernels.bwd import bwd_launches
 from attngen.kernels.common import MaskArgs, default_scale, mask_kind
 from attngen.kernels.fwd import fwd_launches
 from attngen.runtime import dispatch, loader
+from attngen.kernels.launch import make_descriptors
 from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
 from attngen.tuning.buckets import ShapeBucket, bucket_of
@@ -207,6 +208,15 @@ class ForwardPlan:
         self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
                                           opts.mask_args, self.config, cu_q, cu_k, max_q)
         self.launches = [CompiledLaunch(la, q.device, interpret) for la in self.launches_spec]
+        self.descriptors = self.launches_spec[0].descriptors if self.launches_spec else None
+        for la in self.launches_spec:  # a plan must not keep the first call's tensors alive
+            la.values = {n: x for n, x in la.values.items() if not isinstance(x, torch.Tensor)}
+        # shapes and strides only, to build the pointer kernel's launch should a later call's
+        # tensors not be 16-byte aligned for the copy engine
+        self._shadows = tuple(None if t is None else torch.empty_strided(
+            t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (qv, kv, vv, cu_q, cu_k))
+        self._max = (max_q, max_k)
+        self._fallback = None
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -221,9 +231,32 @@ class ForwardPlan:
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q,
                    "cu_seqlens_k": cu_k}
         ok = aligned(q, k, v, cu_q, cu_k)
+        if self.descriptors:
+            if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernel serves
+                return self._pointer_plan().run(q, k, v, cu_q, cu_k)
+            tensors.update(make_descriptors(self.descriptors, tensors))
         for launch in self.launches:
             launch(tensors, ok)
         return out, lse
+
+    def _pointer_plan(self) -> "ForwardPlan":
+        if self._fallback is None:
+            import dataclasses
+
+            plan = object.__new__(ForwardPlan)
+            plan.__dict__.update(self.__dict__)
+            plan.config = dataclasses.replace(self.config, tma=False, warp_specialize=False)
+            qv, kv, vv, cu_q, cu_k = self._shadows
+            out = torch.empty(self.out_shape, dtype=self.dtype, device="meta")
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device="meta")
+            plan.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out),
+                                              lse, self.opts.mask_args, plan.config, cu_q, cu_k,
+                                              self._max[0])
+            plan.launches = [CompiledLaunch(la, self.device, self.device_class == "cpu")
+                             for la in plan.launches_spec]
+            plan.descriptors = None
+            self._fallback = plan
+        return self._fallback
 
 
 class BackwardPlan:

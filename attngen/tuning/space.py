@@ -19,10 +19,14 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
+    # sm90 family: Q/K/V/O through TMA tensor descriptors (dense calls with 16-byte aligned rows;
+    # others fall back to pointer loads), and the key loop warp-specialized (producer warps issue
+    # the TMA loads, consumer warps compute; needs tma, and runs the mask stages as one loop)
+    tma: bool = False
+    warp_specialize: bool = False
 
     def as_dict(self) -> dict:
-        return {"block_m": self.block_m, "block_n": self.block_n,
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,14 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     need, have = fwd_smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
+    if (cfg.tma or cfg.warp_specialize) and (spec.target != "sm90" or spec.varlen):
+        return "tma / warp_specialize exist in the sm90 family's dense kernels only"
+    if cfg.warp_specialize and not cfg.tma:
+        return "warp_specialize needs tma (the producer warps issue TMA loads)"
+    if cfg.warp_specialize and cfg.num_warps < 8:
+        # measured on the H200 with Triton 3.6: 64x64, 4 warps, 3 stages, warp-specialized gave NaN
+        # on every case (h200_hopper_probe_2026-11-30.json)
+        return "warp_specialize with fewer than 8 warps computed wrong results on Triton 3.6"
     return None
 
 
@@ -131,7 +143,10 @@ BWD_SPACE: dict[str, tuple] = {
     "dq_num_stages": (1, 2, 3),
     "atomic_dq": (False, True),
 }
-TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {}  # (family, target) -> candidates
+TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
+    # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
+    ("fwd", "sm90"): {"tma": (False, True)},
+}
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
 
 
@@ -179,12 +194,14 @@ def enumerate_space(config_cls: type, family: str, spec: KernelSpec, check) -> l
 
 
 def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: int = 0) -> FwdConfig:
-    """Defaults per head dim, the best of benchmarks/sweep_configs.py on an H200
-    (benchmarks/results/h200_sweep_2026-11-30.json); the interpreter gets big tiles because its
-    cost is per tile operation."""
+    """Defaults per head dim, the best of the H200 config sweep (benchmarks/results/
+    h200_sweep_2026-11-30.json; that sweep is `attngen tune --sampler grid` now); the interpreter
+    gets big tiles because its cost is per tile operation."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
+    if spec.target == "sm90" and not spec.varlen:
+        return _sm90_fwd_default(spec, d, seqlen_q)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
     if d <= 128:
@@ -196,6 +213,25 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 3) if 0 < seqlen_q <= 1024 else FwdConfig(128, 64, 8, 3)
     # hd256: 398 TFLOP/s vs 339 for 64x32x4x2 (h200_sweep_hd256_2026-11-30.json)
     return FwdConfig(128, 64, 8, 2)
+
+
+def _sm90_fwd_default(spec: KernelSpec, d: int, seqlen_q: int) -> FwdConfig:
+    """The sm90 family's dense forward, from the H200 probe (bf16 TFLOP/s, best config vs the
+    pointer kernel's default; benchmarks/results/h200_hopper_probe_2026-11-30.json): TMA wins on
+    masked and long cases, hd64 391 vs 373, causal S4096 471 vs 436, a 1024-key window 424 vs 376,
+    hd256 454 vs 400, hd96 338 vs 321, causal S16384 (128x128) 504 vs 490; the full mask keeps the
+    pointer kernel (500 vs 495). Warp specialization lost everywhere (and is not a default)."""
+    if d <= 64:
+        return FwdConfig(64, 64, 4, 2, tma=True)
+    if d > 128:
+        return FwdConfig(64, 64, 4, 3, tma=True)
+    if spec.mask == "none":
+        return FwdConfig(128, 64, 8, 3)
+    if spec.mask == "causal" and seqlen_q >= 8192:
+        return FwdConfig(128, 128, 8, 3, tma=True)
+    if spec.head_dim_qk != 128:  # padded (80, 96): the larger tile amortizes the padding
+        return FwdConfig(128, 128, 8, 3, tma=True)
+    return FwdConfig(64, 64, 4, 3, tma=True)
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:

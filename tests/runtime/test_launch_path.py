@@ -192,3 +192,26 @@ def test_warmup_runs_each_bucket():
     rows = attngen.warmup(num_q_heads=2, num_kv_heads=1, head_dim=16, seqlens=(20, 70),
                           dtype=torch.float16, device="cpu", causal=True, backward=True)
     assert [r["bucket"] for r in rows] == ["q32_k32_bh2", "q128_k128_bh2"]
+
+
+def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
+    """The sm90 family's TMA kernel runs for aligned dense views; a misaligned base (or a varlen
+    call) gets the pointer kernel; both compute the same attention."""
+    spec = KernelSpec("fwd", "fp16", "sm90", 64, 64, 2, "causal")
+    mod = loader.load(spec)
+    mask = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+    cfg = FwdConfig(32, 32, 4, 1, tma=True)
+    q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=21)
+    outs = []
+    for shift in (0, 1):
+        buf = torch.empty(q.numel() + 8, dtype=q.dtype)
+        qs = buf[shift:shift + q.numel()].view(q.shape).copy_(q)  # shift 1: base off by 2 bytes
+        out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+        (launch,) = kfwd.fwd_launches(mod, spec, qs, k, v, out, lse, mask, cfg)
+        assert launch.fn.__name__ == ("_attn_fwd_tma" if shift == 0 else "_attn_fwd")
+        launch.run()
+        outs.append(out)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    for out in outs:
+        assert_flash_rule("sm90", out, ref, pt, 2.0)
