@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.testing import attention_ref, keep_mask
+from attngen.testing import attention_ref, keep_mask, random_inputs
 
 BF16, FP16 = torch.bfloat16, torch.float16
 DEVICE = "cuda"
@@ -58,14 +58,12 @@ class Shape:
 
 
 def make_inputs(s: Shape, salt: str = "") -> tuple[torch.Tensor, ...]:
-    """Fresh N(0, 1) q, k, v, dout (B, H, S, D) in s.dtype, seeded from the case id."""
-    g = torch.Generator(device=DEVICE).manual_seed(zlib.crc32((salt + s.id).encode()))
-
-    def rand(h, n, mult=1.0):
-        t = torch.randn((s.B, h, n, s.D), generator=g, device=DEVICE, dtype=torch.float32)
-        return (t * mult).to(s.dtype)
-
-    return (rand(s.Hq, s.Sq, s.q_mult), rand(s.Hkv, s.Sk), rand(s.Hkv, s.Sk), rand(s.Hq, s.Sq))
+    """Fresh N(0, 1) q, k, v, dout (B, H, S, D) in s.dtype, seeded from the case id
+    (attngen.testing.random_inputs, the suites' one input maker)."""
+    seed = zlib.crc32((salt + s.id).encode())
+    return tuple(random_inputs((s.B, s.Hq, s.Sq, s.D), (s.B, s.Hkv, s.Sk, s.D), (s.B, s.Hkv, s.Sk, s.D),
+                               (s.B, s.Hq, s.Sq, s.D), dtype=s.dtype, device=DEVICE, seed=seed,
+                               mults=(s.q_mult, 1.0, 1.0, 1.0)))
 
 
 def chunked_ref(q, k, v, *, upcast: bool, causal=False, window_size=(-1, -1), softcap=0.0,
