@@ -13,10 +13,6 @@ from attngen.db import schema
 from attngen.tuning.buckets import parse_bucket
 from attngen.tuning.devices import PROFILES
 
-SHORT = {"block_m": "M", "block_n": "N", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqM",
-         "dq_block_n": "dqN", "dq_num_warps": "dqw", "dq_num_stages": "dqs", "atomic_dq": "atomic"}
-
-
 def add_commands(subparsers) -> None:
     """Add `tune` and `db` to attngen's sub-command parsers (attngen.cli.make_parser)."""
     t = subparsers.add_parser("tune", prog="attngen tune", help="tune launch configs on this GPU into the tuning database",
@@ -47,6 +43,9 @@ def add_commands(subparsers) -> None:
                    help="kernel family (repeatable; default both)")
     t.add_argument("--kernels", default=None, metavar="GLOB",
                    help="only kernels whose uri matches, e.g. 'attn_fwd_bf16_*'")
+    t.add_argument("--fix", dest="fixed", action="append", default=[], type=_fix, metavar="FIELD=VALUE",
+                   help="pin a config field to one value (repeatable), e.g. atomic_dq=false for a "
+                        "deterministic backward, tma=false; a pinned space is its own study")
     t.add_argument("--seed", type=int, default=0, help="sampler and input seed (default 0)")
     t.add_argument("--quiet", action="store_true", help="print only the summary and errors")
     # set by `--workers` for its child processes, and by tests:
@@ -95,6 +94,13 @@ def _buckets(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _fix(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE, e.g. atomic_dq=false")
+    return name.strip(), value.strip()
+
+
 def _worker(text: str) -> tuple[int, int]:
     try:
         i, n = (int(x) for x in text.split("/"))
@@ -123,7 +129,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         device=args.device, specs=args.specs, shapes=args.shapes, trials=args.trials,
         timeout=args.timeout, storage=args.storage, resume=args.resume, workers=args.workers,
         sampler=args.sampler, families=tuple(dict.fromkeys(args.families or ("fwd", "bwd"))),
-        kernels=args.kernels, seed=args.seed, worker=args.worker, gpu=args.gpu,
+        kernels=args.kernels, fixed=dict(args.fixed), seed=args.seed, worker=args.worker, gpu=args.gpu,
         timer_ref=args.timer_ref, probe_ref=args.probe_ref, quiet=args.quiet)
     if args.workers < 1:
         return _fail("tune", "--workers must be >= 1")
@@ -131,19 +137,6 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return tuner.tune(opts)
     except (tuner.TuneError, schema.TuningDBError) as exc:
         return _fail("tune", exc)
-
-
-def config_text(config: dict, family: str | None = None) -> str:
-    """"M=128 N=64 w=8 s=3": in the config class's field order when the family is known."""
-    import dataclasses
-
-    from attngen.families import FAMILIES
-
-    if family in FAMILIES:
-        order = [f.name for f in dataclasses.fields(FAMILIES[family].config)]
-        config = {k: config[k] for k in sorted(config, key=lambda k: (k not in order,
-                                                                       order.index(k) if k in order else 0, k))}
-    return " ".join(f"{SHORT.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in config.items())
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -160,6 +153,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         return 0
     from rich.console import Console
     from rich.table import Table
+
+    from attngen.tuning.tuner import config_text
 
     table = Table(title=f"{len(rows)} winners in {where}", title_justify="left")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
@@ -238,6 +233,9 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         result = tuner.compare(args.exhaustive, args.search, seeds=args.seeds)
     except (tuner.TuneError, schema.TuningDBError) as exc:
         return _fail("db compare", exc)
+    except KeyboardInterrupt:
+        print("attngen db compare: interrupted, nothing written", file=sys.stderr)
+        return 130
     text = json.dumps(result, indent=1) + "\n"
     if args.out == "-":
         sys.stdout.write(text)

@@ -4,7 +4,8 @@ One Optuna study per (kernel uri + template hash, device class, shape bucket), s
 RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
 
   1. the default config (space.default_*_config) is measured first (or found, measured earlier on
-     this device) and is the yardstick of the winner's gain; it is also Optuna's first trial;
+     this device) and is the yardstick of the winner's gain; it is also Optuna's first trial,
+     followed by the winners of the nearest buckets already tuned (warm starts);
   2. the sampler proposes configs field by field (TPE, seeded; or the exhaustive grid); a config
      measured before on this device, by this process, another worker or an earlier run, is not
      measured again; an invalid one (the validity filter) is recorded and never compiled;
@@ -25,6 +26,7 @@ import fnmatch
 import hashlib
 import importlib
 import importlib.util
+import itertools
 import json
 import math
 import statistics
@@ -42,7 +44,7 @@ from attngen.db import store as dbs
 from attngen.families import family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
 from attngen.tuning import space
-from attngen.tuning.buckets import ShapeBucket, bucket_of
+from attngen.tuning.buckets import ShapeBucket, bucket_of, parse_bucket
 from attngen.tuning.devices import PROFILES, DeviceInfo, check_profile
 
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)  # Sq = Sk, powers of two
@@ -71,13 +73,18 @@ class Target:
     bucket: ShapeBucket
     template_hash: str
     device_class: str
+    fixed: tuple[tuple[str, object], ...] = ()  # --fix FIELD=VALUE: fields pinned to one value
+
+    @property
+    def space(self) -> dict[str, tuple]:
+        return space_for(self.spec, dict(self.fixed))
 
     @property
     def study_name(self) -> str:
         """uri.template_hash.device_class.bucket.space_hash: a changed template or search space
         starts a new study (Optuna cannot change a study's parameter ranges); configs measured in
         the old one are still found and not measured again."""
-        sp = json.dumps(space_for(self.spec), sort_keys=True)
+        sp = json.dumps(self.space, sort_keys=True)
         space_hash = hashlib.sha256(sp.encode()).hexdigest()[:8]
         return f"{self.spec.uri}.{self.template_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
 
@@ -99,6 +106,7 @@ class TuneOptions:
     sampler: str = "tpe"
     families: tuple[str, ...] = ("fwd", "bwd")
     kernels: str | None = None  # glob over kernel uris
+    fixed: dict = field(default_factory=dict)  # --fix FIELD=VALUE
     seed: int = 0
     worker: tuple[int, int] | None = None  # (index, count) in a --workers child
     gpu: int = 0
@@ -140,11 +148,21 @@ def plan(opts: TuneOptions) -> list[Target]:
                     continue
                 seen.add(spec.uri)
                 h = template_hash(spec)
+                try:
+                    fixed = tuple(sorted(pin(spec, opts.fixed).items()))
+                except ValueError as exc:
+                    raise TuneError(f"--fix: {exc}") from None
                 for b in (opts.shapes or default_buckets(entry)):
                     if b.decode:
                         raise TuneError(f"{b.key}: the decode bucket (Sq = 1) is not tuned by these "
                                         f"kernel families")
-                    targets.append(Target(entry, spec, b, h, profile.name))
+                    targets.append(Target(entry, spec, b, h, profile.name, fixed))
+    used = {name for t in targets for name, _ in t.fixed}
+    for name in opts.fixed:
+        if targets and name not in used:
+            names = sorted({f.name for t in targets for f in dataclasses.fields(family_of(t.spec.family).config)})
+            raise TuneError(f"--fix: no kernel to tune has a config field {name!r} (fields: "
+                            f"{', '.join(names)})")
     if not targets:
         raise TuneError(f"nothing to tune: no {'/'.join(opts.families)} kernel for target "
                         f"{profile.target} in {', '.join(map(str, files))}"
@@ -184,22 +202,49 @@ def make_sampler(kind: str, space_: dict[str, tuple], budget: int, seed: int):
                                       multivariate=True, constant_liar=True)
 
 
-def space_for(spec: KernelSpec) -> dict[str, tuple]:
-    """The search space of a kernel: its family's config fields -> candidates (space.py)."""
-    return space.search_space(family_of(spec.family).config, spec.family, spec.target)
+def pin(spec: KernelSpec, fixed: dict[str, str | object]) -> dict[str, object]:
+    """The --fix FIELD=VALUE pairs this kernel's config class has, values parsed to the field's
+    type (plan() makes sure every pinned field exists in some planned kernel)."""
+    fields = {f.name: f for f in dataclasses.fields(family_of(spec.family).config)}
+    return {name: _parse_value(name, value, fields[name].type)
+            for name, value in fixed.items() if name in fields}
 
 
-def valid_count(spec: KernelSpec) -> int:
+def _parse_value(name: str, value, type_) -> object:
+    if not isinstance(value, str):
+        return value
+    t = str(type_)
+    if "bool" in t:
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"{name}={value!r}: expected true or false")
+        return value.lower() in ("true", "1")
+    try:
+        return int(value) if "int" in t else float(value) if "float" in t else value
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected {t}") from None
+
+
+def space_for(spec: KernelSpec, fixed: dict | None = None) -> dict[str, tuple]:
+    """The search space of a kernel: its family's config fields -> candidates (space.py), with
+    the --fix fields pinned."""
+    sp = space.search_space(family_of(spec.family).config, spec.family, spec.target)
+    for name, value in (fixed or {}).items():
+        sp[name] = (value,)
+    return sp
+
+
+def valid_count(spec: KernelSpec, space_: dict[str, tuple] | None = None) -> int:
+    """Configs of the space (the kernel's full space by default) that pass the validity filter."""
     fam = family_of(spec.family)
-    return sum(why is None for _, why in space.enumerate_space(fam.config, spec.family, spec, fam.check))
+    space_ = space_ or space_for(spec)
+    count = 0
+    for values in itertools.product(*space_.values()):
+        count += fam.check(spec, fam.config(**dict(zip(space_, values)))) is None
+    return count
 
 
 def default_config(spec: KernelSpec, kind: str, seqlen_q: int):
     return family_of(spec.family).default(spec, kind, seqlen_q)
-
-
-def in_space(cfg, space_: dict[str, tuple]) -> bool:
-    return all(v in space_[k] for k, v in dataclasses.asdict(cfg).items())
 
 
 def make_storage(url: str):
@@ -212,6 +257,22 @@ def make_storage(url: str):
                                           grace_period=GRACE_S)
     except Exception as exc:  # optuna wraps driver errors its own way
         raise TuneError(f"{schema.redact(url)}: Optuna cannot use this storage ({schema.one_line(exc)})") from None
+
+
+SHORT = {"block_m": "M", "block_n": "N", "num_warps": "w", "num_stages": "s", "dq_block_m": "dqM",
+         "dq_block_n": "dqN", "dq_num_warps": "dqw", "dq_num_stages": "dqs", "atomic_dq": "atomic",
+         "warp_specialize": "ws"}
+
+
+def config_text(config: dict, family: str | None = None) -> str:
+    """"M=128 N=64 w=8 s=3 tma=1": in the config class's field order when the family is known."""
+    from attngen.families import FAMILIES
+
+    if family in FAMILIES:
+        order = [f.name for f in dataclasses.fields(FAMILIES[family].config)]
+        config = {k: config[k] for k in sorted(config, key=lambda k: (k not in order,
+                                                                       order.index(k) if k in order else 0, k))}
+    return " ".join(f"{SHORT.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in config.items())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +292,7 @@ class Progress:
         self.say(f"[{index + 1}/{total}] {target.label}: {measured}/{budget} configs measured")
 
     def trial(self, target: Target, measured: int, budget: int, cfg: dict, outcome, best) -> None:
-        short = "x".join(str(v) for v in cfg.values())
+        short = config_text(cfg, target.spec.family)
         if outcome.status == "ok":
             what = f"{outcome.time_ms:.4f} ms {outcome.tflops:.4g} TFLOP/s"
         else:
@@ -271,7 +332,8 @@ class RichProgress(Progress):
         best_s = f"best {best[0]:.4f} ms {best[1]:.0f} TFLOP/s" if best else ""
         self.bar.update(self.task, completed=measured, best=best_s)
         if outcome.status != "ok":
-            self.bar.console.print(f"  {target.label} {cfg}: {outcome.status}: "
+            text = config_text(cfg, target.spec.family)
+            self.bar.console.print(f"  {target.label} {text}: {outcome.status}: "
                                    f"{(outcome.error or '')[:100]}")
 
     def finish(self, target, report) -> None:
@@ -304,7 +366,7 @@ class TargetReport:
         gain = (f", {self.default_ms / self.best_ms - 1:+.1%} vs default "
                 f"{self.default_tflops:.4g} TFLOP/s") if self.default_ms else ""
         return (f"{self.measured} measured; winner {self.best_ms:.4f} ms {self.best_tflops:.4g} "
-                f"TFLOP/s {self.best_config}{gain}")
+                f"TFLOP/s {config_text(self.best_config, self.target.spec.family)}{gain}")
 
 
 class Tuner:
@@ -369,6 +431,27 @@ class Tuner:
                 study.set_user_attr(k, v)
         return study
 
+    def _warm_starts(self, store: dbs.Store, t: Target, dcfg, space_: dict, n: int = 2) -> list[dict]:
+        """Optuna's first proposals: the default config, then the winners of the nearest buckets
+        already tuned for this kernel and device class (configs move slowly across buckets)."""
+        fam = family_of(t.spec.family)
+        starts = [dataclasses.asdict(dcfg)]
+        with store.session() as s:
+            others = [w for w in dbs.where_winners(s, device_class=t.device_class)
+                      if w.uri == t.spec.uri and w.template_hash == t.template_hash
+                      and w.bucket != t.bucket.key]
+        others.sort(key=lambda w: (t.bucket.distance(parse_bucket(w.bucket)), w.bucket))
+        for w in others:
+            if len(starts) > n or w.config in starts:
+                continue
+            try:
+                cfg = space.config_from_dict(fam.config, w.config)
+            except ValueError:
+                continue
+            if fam.check(t.spec, cfg) is None:
+                starts.append(dataclasses.asdict(cfg))
+        return [c for c in starts if all(v in space_[k] for k, v in c.items())]
+
     # -- the run --
     def run(self) -> list[TargetReport]:
         import optuna
@@ -402,8 +485,8 @@ class Tuner:
         from attngen.tuning.objective import Objective, problem_for
 
         family, spec = t.spec.family, t.spec
-        space_ = space_for(spec)
-        budget = min(self.opts.trials, valid_count(spec))
+        space_ = t.space
+        budget = min(self.opts.trials, valid_count(spec, space_))
         report = TargetReport(t)
         with store.session() as s:
             kernel = dbs.find_or_add_kernel(s, spec.uri, t.template_hash, family, spec.as_dict())
@@ -469,8 +552,8 @@ class Tuner:
         worker = self.opts.worker[0] if self.opts.worker else 0
         sampler = make_sampler(self.opts.sampler, space_, budget, self.opts.seed + 1000 * worker)
         study = self._study(storage, t, sampler)
-        if in_space(dcfg, space_):
-            study.enqueue_trial(dataclasses.asdict(dcfg), skip_if_exists=True)
+        for start in self._warm_starts(store, t, dcfg, space_):
+            study.enqueue_trial(start, skip_if_exists=True)
         cap = 10 * budget + 50  # Optuna trials, counting re-proposals of known configs
 
         def measured() -> int:
@@ -578,6 +661,8 @@ def _child_argv(opts: TuneOptions, index: int, gpu: int) -> list[str]:
         argv += ["--family", opts.families[0]]
     if opts.kernels:
         argv += ["--kernels", opts.kernels]
+    for name, value in opts.fixed.items():
+        argv += ["--fix", f"{name}={value}"]
     if opts.timer_ref:
         argv += ["--timer", opts.timer_ref]
     if opts.probe_ref:
@@ -621,7 +706,7 @@ def _run_workers(opts: TuneOptions, timer, probe) -> int:
             for w in dbs.where_winners(s, device_class=opts.device):
                 if w.uri in uris:
                     gain = f" ({w.gain:+.1%} vs default)" if w.gain is not None else ""
-                    print(f"  {w.uri} {w.bucket}: {w.time_ms:.4f} ms {w.config}{gain}")
+                    print(f"  {w.uri} {w.bucket}: {w.time_ms:.4f} ms {config_text(w.config, w.family)}{gain}")
     return max(codes) if codes else 0
 
 
@@ -664,40 +749,79 @@ def replay(table: dict[str, float | None], space_: dict[str, tuple], budget: int
     return (min(ok) if ok else math.inf), len(seen)
 
 
+def _study_space(url: str, study_name: str | None) -> dict[str, tuple] | None:
+    """The parameter space an Optuna study sampled from (its trials' distributions)."""
+    import optuna
+
+    if not study_name:
+        return None
+    try:
+        study = optuna.load_study(study_name=study_name, storage=make_storage(schema.to_url(url)))
+    except (KeyError, TuneError):
+        return None
+    for t in study.get_trials(deepcopy=False):
+        if t.distributions:
+            return {n: tuple(d.choices) for n, d in t.distributions.items()}
+    return None
+
+
 def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: float = 0.03,
             seeds: int = 20) -> dict:
     """For each (kernel, device class, bucket) tuned in both databases: the exhaustive best, the
     searched winner's time (live, and as the exhaustive run measured that config), the fraction of
-    the measured configs the search needed; plus replays of TPE, and of random search for
-    scale, against the exhaustive table over `seeds` seeds with the same budget."""
+    the measured configs the search needed; plus replays of TPE, and of random search for scale,
+    against the exhaustive table over `seeds` seeds with the same budget. The space is the one the
+    exhaustive study sampled (its Optuna distributions, --fix included)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     with dbs.Store(exhaustive, "read") as a, a.session() as s:
         ex_trials = dbs.where_trials(s)
     with dbs.Store(search, "read") as b, b.session() as s:
         se_trials = dbs.where_trials(s)
         se_winners = dbs.where_winners(s)
+
+    def key_of(t) -> tuple:
+        return (t["uri"], t["template_hash"], t["device_class"], t["bucket"])
+
     rows = []
     for w in se_winners:
         key = (w.uri, w.template_hash, w.device_class, w.bucket)
+        mine = [t for t in ex_trials if key_of(t) == key and t["status"] != "invalid"]
+        if not mine:
+            continue
+        studies: dict[str | None, int] = {}
+        for t in mine:
+            studies[t["study_name"]] = studies.get(t["study_name"], 0) + 1
+        ex_study = max(studies, key=lambda n: (studies[n], n or ""))
         tab: dict[str, float | None] = {}
-        spec = None
-        for t in ex_trials:
-            if (t["uri"], t["template_hash"], t["device_class"], t["bucket"]) == key and t["status"] != "invalid":
-                ck = schema.config_json(t["config"])
-                if t["status"] == "ok":
-                    tab[ck] = min(t["time_ms"], tab.get(ck) or math.inf)
-                else:
-                    tab.setdefault(ck, None)
-                spec = KernelSpec(**t["spec"])
+        for t in mine:
+            if t["study_name"] != ex_study:
+                continue
+            ck = schema.config_json(t["config"])
+            if t["status"] == "ok":
+                tab[ck] = min(t["time_ms"], tab.get(ck) or math.inf)
+            else:
+                tab.setdefault(ck, None)
+        spec = KernelSpec(**mine[0]["spec"])
+        space_ = _study_space(exhaustive, ex_study) or space_for(spec)
+
+        def inside(config: dict) -> bool:
+            return set(config) == set(space_) and all(config[k] in space_[k] for k in config)
+
+        # the default config is measured under the study's name even when it lies outside the
+        # study's space (e.g. pinned away by --fix): not part of the exhaustive grid
+        tab = {k: v for k, v in tab.items() if inside(json.loads(k))}
         ok = [v for v in tab.values() if v is not None]
         if not ok:
             continue
         best = min(ok)
-        se_measured = len({schema.config_json(t["config"]) for t in se_trials
-                           if (t["uri"], t["template_hash"], t["device_class"], t["bucket"]) == key
-                           and t["status"] != "invalid"})
+        se_mine = [t for t in se_trials if key_of(t) == key and t["status"] != "invalid"]
+        se_measured = len({schema.config_json(t["config"]) for t in se_mine})
+        se_studies = sorted({t["study_name"] or "" for t in se_mine})
         picked = tab.get(schema.config_json(w.config))
         budget = max(1, int(budget_frac * len(tab)))
-        space_ = space_for(spec)
+        valid = valid_count(spec, space_)
         dflt = dataclasses.asdict(default_config(spec, "cuda", schema.bucket_fields(w.bucket)[0]))
         dflt = dflt if schema.config_json(dflt) in tab else None
         rep = {}
@@ -710,12 +834,17 @@ def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: f
         frac = se_measured / len(tab)
         rows.append({
             "uri": w.uri, "bucket": w.bucket, "device_class": w.device_class,
+            "exhaustive_study": ex_study, "search_studies": se_studies,
+            "same_space": se_studies == [ex_study or ""],
+            "space": {k: list(v) for k, v in space_.items()},
+            "space_valid": valid, "exhaustive_complete": len(tab) >= valid,
             "exhaustive_measured": len(tab), "exhaustive_best_ms": best,
             "search_measured": se_measured, "search_fraction": frac,
             "search_winner": w.config, "search_winner_ms_live": w.time_ms,
             "search_winner_ms_in_exhaustive_run": picked,
             "gap": gap, "gap_live": w.time_ms / best - 1,
-            "meets_goal": gap is not None and gap <= goal_gap and frac <= budget_frac + 1e-9,
+            "meets_goal": (gap is not None and gap <= goal_gap and frac <= budget_frac + 1e-9
+                           and len(tab) >= valid),
             "replay_budget": budget, "replay_seeds": seeds, "replay": rep,
         })
     return {"goal": {"gap": goal_gap, "fraction": budget_frac},

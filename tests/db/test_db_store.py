@@ -4,6 +4,7 @@ the winner rule, and the JSON export / import round trip."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
@@ -15,6 +16,7 @@ from attngen.cli import main as cli
 from attngen.db import migrations, schema
 from attngen.db import store as dbs
 from attngen.db.models import KernelModel, TrialModel, WinnerModel
+from attngen.tuning.space import FwdConfig
 
 DEVICE = dict(device_class="h100", gpu_name="NVIDIA H200", capability="9.0", driver="570.00",
               cuda_version="12.8", torch_version="2.11.0", triton_version="3.6.0")
@@ -303,7 +305,7 @@ def test_runtime_reads_winners_from_postgresql(pg_url, monkeypatch):
     monkeypatch.setenv("ATTNGEN_DB", pg_url)
     winners.reset()
     try:
-        assert winners.lookup("attn_fwd_x_sm90", "hash1", "h100", bucket_of(8192, 8192, 64)) == _cfg(32)
+        assert winners.lookup("attn_fwd_x_sm90", "hash1", "h100", bucket_of(8192, 8192, 64)) == dataclasses.asdict(FwdConfig(**_cfg(32)))
         assert winners.lookup("attn_fwd_x_sm90", "hash1", "a100", bucket_of(8192, 8192, 64)) is None
     finally:
         winners.reset()

@@ -19,6 +19,7 @@ URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
 def test_tune_into_postgresql(pg_url, monkeypatch, capsys):
     monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"),
                         {"block_m": (64, 128), "block_n": (64,), "num_warps": (4, 8), "num_stages": (2, 3)})
+    monkeypatch.setitem(space.SPACES, "fwd", {})  # all other fields at their dataclass defaults
     argv = ["tune", "--device", "h100", "--spec", str(REPO_ROOT / "specs" / "llama.yaml"),
             "--kernels", URI, "--shapes", "q16_k16_bh4", "--trials", "4", "--storage", pg_url,
             "--timer", f"{FAKES}:timer", "--probe", f"{FAKES}:h200", "--quiet"]
@@ -29,7 +30,7 @@ def test_tune_into_postgresql(pg_url, monkeypatch, capsys):
     ok = [t for t in trials if t["status"] == "ok"]
     assert len({str(t["config"]) for t in ok}) == 4 and w.time_ms == min(t["time_ms"] for t in ok)
     (summary,) = optuna.get_all_study_summaries(pg_url, include_best_trial=False)
-    assert summary.n_trials >= 4
+    assert summary.n_trials >= 3  # the default config may lie outside this space: measured, not a trial
     assert cli([*argv, "--resume", "--trials", "6"]) == 0  # the later --trials wins
     with dbs.Store(pg_url, "read") as st, st.session() as s:
         measured = {str(t["config"]) for t in dbs.where_trials(s) if t["status"] != "invalid"}

@@ -3,6 +3,7 @@ and a trial's fate: ok, invalid (never launched), failed (raised, wrong result, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -77,7 +78,7 @@ def test_ok_trial_is_checked_then_timed(fwd_objective):
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
     assert o.status == "ok" and o.time_ms == 2.0
     assert o.tflops == pytest.approx(fwd_objective.problem.flops / 2.0 / 1e9)
-    assert fwd_objective.timer.calls[-1] == {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}
+    assert fwd_objective.timer.calls[-1] == dataclasses.asdict(FwdConfig(64, 32, 4, 2))
 
 
 def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):

@@ -64,3 +64,19 @@ def test_check_profile(cap, profile, ok):
     assert (why is None) == ok
     if not ok:
         assert why.startswith(f"GPU 1 is GPU X (sm{cap[0]}{cap[1]}") and f"--device {profile} needs" in why
+
+
+def test_fix_pins_fields_of_the_kernels_that_have_them():
+    opts = dict(device="h100", specs=[str(SPECS / "llama.yaml")], kernels="attn_*_bf16_hd128_gqa4_causal_sm90",
+                shapes=[parse_bucket("q4096_k4096_bh64")])
+    free = {t.spec.family: t for t in tuner.plan(tuner.TuneOptions(**opts))}
+    pinned = {t.spec.family: t for t in tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic_dq": "false"}))}
+    assert pinned["bwd"].space["atomic_dq"] == (False,) and free["bwd"].space["atomic_dq"] == (False, True)
+    assert pinned["bwd"].study_name != free["bwd"].study_name  # a pinned space is its own study
+    assert pinned["fwd"].study_name == free["fwd"].study_name  # fwd has no atomic_dq: untouched
+    assert tuner.valid_count(pinned["bwd"].spec, pinned["bwd"].space) < tuner.valid_count(free["bwd"].spec)
+    with pytest.raises(tuner.TuneError, match="no kernel to tune has a config field 'atomic'"):
+        tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic": "false"}))
+    with pytest.raises(tuner.TuneError, match="expected true or false"):
+        tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic_dq": "no"}))
+    assert tuner.pin(pinned["fwd"].spec, {"block_m": "64"}) == {"block_m": 64}

@@ -92,20 +92,21 @@ def test_the_families_table_uses_check_bwd():
 
 
 def test_a_new_field_plugs_in(monkeypatch):
-    """The lead adds Hopper knobs to the config dataclasses: with a default they are searched over
-    that default only; listed in the space (here per target) they are searched; without either the
-    space says which field lacks candidates."""
+    """A field added to a config dataclass (as the Hopper knobs were): with a default it is
+    searched over that default only; listed in the space (here per target) it is searched; without
+    either the space says which field lacks candidates."""
     @dataclasses.dataclass(frozen=True)
     class Fwd2(FwdConfig):
-        tma: bool = False
+        knob: bool = False
 
-    assert space.search_space(Fwd2, "fwd", "sm90")["tma"] == (False,)
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"tma": (False, True)})
-    assert space.search_space(Fwd2, "fwd", "sm90")["tma"] == (False, True)
-    assert space.search_space(Fwd2, "fwd", "sm80")["tma"] == (False,)
-    assert space.config_from_dict(Fwd2, {"block_m": 64, "block_n": 64, "num_warps": 4,
-                                         "num_stages": 2}) == Fwd2(64, 64, 4, 2, False)
-    with pytest.raises(ValueError, match="does not have: tma"):
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {})
+    assert space.search_space(Fwd2, "fwd", "sm90")["knob"] == (False,)
+    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"knob": (False, True)})
+    assert space.search_space(Fwd2, "fwd", "sm90")["knob"] == (False, True)
+    assert space.search_space(Fwd2, "fwd", "sm80")["knob"] == (False,)
+    base = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    assert space.config_from_dict(Fwd2, base) == Fwd2(**base, knob=False)
+    with pytest.raises(ValueError, match="does not have: knob"):
         space.search_space(FwdConfig, "fwd", "sm90")
 
     @dataclasses.dataclass(frozen=True)

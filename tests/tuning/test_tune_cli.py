@@ -6,6 +6,7 @@ winner, --resume, the device check, Ctrl-C, --workers, and the grid-vs-TPE compa
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 from attngen.cli import main as cli
 from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
+from attngen.spec import KernelSpec
 from attngen.tuning import space, tuner
 from attngen.tuning.space import FwdConfig
 
@@ -28,9 +30,17 @@ from . import fakes
 
 FAKES = Path(fakes.__file__)
 URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
+SPEC = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
 BUCKET = "q16_k16_bh4"
-SMALL = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
-DEFAULT = FwdConfig(64, 64, 4, 3)  # space.default_fwd_config, hd128 causal, Sq <= 1024
+DEFAULT = space.default_fwd_config(SPEC, "cuda", 16)  # what the tuner measures first
+# A small space around the default: tiles searched, every other field at the default's value.
+TILES = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+SMALL = {f.name: tuple(sorted(set(TILES.get(f.name, ())) | {getattr(DEFAULT, f.name)}))
+         for f in dataclasses.fields(FwdConfig)}
+ALL = [FwdConfig(**dict(zip(SMALL, v))) for v in itertools.product(*SMALL.values())]
+VALID = [c for c in ALL if space.check_fwd(SPEC, c) is None]
+RUNS = [c for c in VALID if not (c.block_n == 32 and c.num_stages == 4)]  # the fake timer fails the rest
+GRID_BEST = min(RUNS, key=lambda c: fakes.fake_ms(dataclasses.asdict(c)))
 
 
 def tune_argv(storage, *extra, trials=6):
@@ -41,7 +51,7 @@ def tune_argv(storage, *extra, trials=6):
 
 @pytest.fixture
 def small_space(monkeypatch):
-    """36 configs: 4 invalid (shared memory), 4 that 'run out of resources' in the fake timer."""
+    """ALL configs: some invalid (the filter), some that 'run out of resources' in the fake timer."""
     monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), SMALL)
 
 
@@ -108,14 +118,17 @@ def test_grid_measures_the_whole_space_and_failed_configs_never_win(grid_db):
     by_status = {}
     for t in trials:
         by_status.setdefault(t["status"], []).append(t)
-    assert len(by_status["invalid"]) == 4 and all("shared memory" in t["error"] for t in by_status["invalid"])
-    assert len(by_status["failed"]) == 4
+    assert len(ALL) > len(VALID) > len(RUNS) > 10
+    assert len(by_status["invalid"]) == len(ALL) - len(VALID)
+    assert all(space.check_fwd(SPEC, FwdConfig(**t["config"])) == t["error"] for t in by_status["invalid"])
+    assert len(by_status["failed"]) == len(VALID) - len(RUNS)
     assert all("FakeOutOfResources" in t["error"] and t["config"]["block_n"] == 32 for t in by_status["failed"])
-    assert len(by_status["ok"]) == 36 - 8  # every valid config once (the default's row is its grid point)
+    assert len(by_status["ok"]) == len(RUNS)  # every valid config once (the default's row is its grid point)
     with dbs.Store(str(db), "read") as st, st.session() as s:
         (w,) = dbs.where_winners(s)
-    assert w.config == fakes.BEST_FWD and w.time_ms == 1.0
-    assert w.gain == pytest.approx(fakes.fake_ms(dataclasses.asdict(DEFAULT)) - 1.0)
+    best_ms = fakes.fake_ms(dataclasses.asdict(GRID_BEST))
+    assert w.time_ms == best_ms and fakes.fake_ms(w.config) == best_ms
+    assert w.gain == pytest.approx(fakes.fake_ms(dataclasses.asdict(DEFAULT)) / best_ms - 1.0)
 
 
 def test_existing_studies_need_resume_and_resume_measures_nothing_twice(tmp_path, small_space, capsys):
@@ -210,13 +223,16 @@ def test_compare_grid_with_search(tmp_path, grid_db, small_space):
     assert cli(tune_argv(tpe, "--quiet", trials=5)) == 0
     res = tuner.compare(str(grid), str(tpe), seeds=3)
     (r,) = res["rows"]
-    assert r["exhaustive_measured"] == 32 and r["exhaustive_best_ms"] == 1.0 and r["search_measured"] == 5
-    assert r["search_fraction"] == pytest.approx(5 / 32)
+    best = fakes.fake_ms(dataclasses.asdict(GRID_BEST))
+    assert r["exhaustive_measured"] == len(VALID) and r["exhaustive_best_ms"] == best
+    assert r["search_measured"] == 5 and r["search_fraction"] == pytest.approx(5 / len(VALID))
     expected = fakes.fake_ms(r["search_winner"])
-    assert r["search_winner_ms_in_exhaustive_run"] == expected and r["gap"] == pytest.approx(expected - 1.0)
+    assert r["search_winner_ms_in_exhaustive_run"] == expected and r["gap"] == pytest.approx(expected / best - 1)
+    assert r["space_valid"] == len(VALID) and r["exhaustive_complete"] is True and r["same_space"] is True
+    assert r["space"] == {k: list(v) for k, v in SMALL.items()}
     assert r["meets_goal"] == (r["gap"] <= 0.03)
-    assert r["replay_budget"] == 9 and set(r["replay"]) == {"tpe_with_default", "tpe_from_scratch",
-                                                            "random_from_scratch"}
+    assert r["replay_budget"] == int(0.3 * len(VALID))
+    assert set(r["replay"]) == {"tpe_with_default", "tpe_from_scratch", "random_from_scratch"}
     assert cli(["db", "compare", "--exhaustive", str(grid), "--search", str(tpe), "--seeds", "2",
                 "--out", str(tmp_path / "c.json")]) == 0
     assert json.loads((tmp_path / "c.json").read_text())["rows"][0]["uri"] == URI
@@ -230,3 +246,18 @@ def test_replay_finds_the_best_of_a_table():
     assert best == 1.0 and seen == 15  # 15 of the 15 configs in the table: found
     best, seen = tuner.replay(table, sp, budget=3, seed=1, sampler="random")
     assert seen == 3 and best >= 1.0
+
+
+def test_a_new_bucket_starts_from_the_default_and_the_nearest_winner(tmp_path, small_space):
+    db = tmp_path / "ws.sqlite"
+    assert cli(tune_argv(db, "--quiet", trials=10)) == 0
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (first,) = dbs.where_winners(s)
+    assert first.config != dataclasses.asdict(DEFAULT)
+    argv = tune_argv(db, "--quiet", trials=3)
+    argv[argv.index(BUCKET)] = "q32_k32_bh4"
+    assert cli(argv) == 0
+    study = next(sm for sm in optuna.get_all_study_summaries(f"sqlite:///{db}", include_best_trial=False)
+                 if ".q32_k32_bh4." in sm.study_name)
+    trials = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}").trials
+    assert [t.params for t in trials[:2]] == [dataclasses.asdict(DEFAULT), first.config]

@@ -53,8 +53,8 @@ def test_exact_nearest_and_untuned(db):
     write(db, [(URI, "h1", "fwd", "h100", k, dataclasses.asdict(c)) for k, c in CFG.items()]
           + [(BURI, "h1", "bwd", "a100", "q4096_k4096_bh32",
               dataclasses.asdict(BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, True)))])
-    assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) == {
-        "block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 3}
+    assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) == dataclasses.asdict(
+        FwdConfig(64, 64, 4, 3))
     # not tuned: the nearest tuned bucket (1k for 2k/bh16, 8k for 16k)
     assert winners.lookup(URI, "h1", "h100", bucket_of(2000, 2000, 16)) == dataclasses.asdict(CFG["q1024_k1024_bh32"])
     assert winners.lookup(URI, "h1", "h100", bucket_of(16384, 16384, 64)) == dataclasses.asdict(CFG["q8192_k8192_bh32"])
