@@ -374,16 +374,27 @@ def find_trial_by_config(s: Session, kernel_id: int, device_class: str, bucket_i
                      .order_by(TrialModel.created_at)).first()
 
 
-def count_measured(s: Session, kernel_id: int, device_class: str, bucket_id: int,
-                   study_name: str | None = None) -> int:
-    """Distinct configs that went to the GPU (ok or failed) for this kernel x class x bucket."""
-    q = (select(func.count(func.distinct(TrialModel.config_json)))
-         .select_from(TrialModel).join(DeviceModel, TrialModel.device_id == DeviceModel.id)
+def _measured(kernel_id: int, device_class: str, bucket_id: int, study_name: str | None, what):
+    q = (select(what).select_from(TrialModel).join(DeviceModel, TrialModel.device_id == DeviceModel.id)
          .where(TrialModel.kernel_id == kernel_id, TrialModel.bucket_id == bucket_id,
                 DeviceModel.device_class == device_class, TrialModel.status != "invalid"))
     if study_name is not None:
         q = q.where(TrialModel.study_name == study_name)
-    return s.scalar(q)
+    return q
+
+
+def count_measured(s: Session, kernel_id: int, device_class: str, bucket_id: int,
+                   study_name: str | None = None) -> int:
+    """Distinct configs that went to the GPU (ok or failed) for this kernel x class x bucket."""
+    return s.scalar(_measured(kernel_id, device_class, bucket_id, study_name,
+                              func.count(func.distinct(TrialModel.config_json))))
+
+
+def where_measured_configs(s: Session, kernel_id: int, device_class: str, bucket_id: int,
+                           study_name: str | None = None) -> list[str]:
+    """The distinct config_json of those configs."""
+    return list(s.scalars(_measured(kernel_id, device_class, bucket_id, study_name,
+                                    TrialModel.config_json).distinct()))
 
 
 @dataclass(frozen=True)

@@ -243,6 +243,10 @@ def valid_count(spec: KernelSpec, space_: dict[str, tuple] | None = None) -> int
     return count
 
 
+def in_space(config: dict, space_: dict[str, tuple]) -> bool:
+    return set(config) == set(space_) and all(config[k] in space_[k] for k in config)
+
+
 def default_config(spec: KernelSpec, kind: str, seqlen_q: int):
     return family_of(spec.family).default(spec, kind, seqlen_q)
 
@@ -450,7 +454,7 @@ class Tuner:
                 continue
             if fam.check(t.spec, cfg) is None:
                 starts.append(dataclasses.asdict(cfg))
-        return [c for c in starts if all(v in space_[k] for k, v in c.items())]
+        return [c for c in starts if in_space(c, space_)]
 
     # -- the run --
     def run(self) -> list[TargetReport]:
@@ -557,8 +561,11 @@ class Tuner:
         cap = 10 * budget + 50  # Optuna trials, counting re-proposals of known configs
 
         def measured() -> int:
+            """Distinct configs of this study's space measured (the default, measured first, may
+            lie outside it, e.g. pinned away by --fix: it does not count)."""
             with store.session() as s:
-                return dbs.count_measured(s, kernel_id, t.device_class, bucket_id, t.study_name)
+                keys = dbs.where_measured_configs(s, kernel_id, t.device_class, bucket_id, t.study_name)
+            return sum(in_space(json.loads(k), space_) for k in keys)
 
         def best() -> tuple[float, float] | None:
             with store.session() as s:
@@ -806,12 +813,9 @@ def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: f
         spec = KernelSpec(**mine[0]["spec"])
         space_ = _study_space(exhaustive, ex_study) or space_for(spec)
 
-        def inside(config: dict) -> bool:
-            return set(config) == set(space_) and all(config[k] in space_[k] for k in config)
-
         # the default config is measured under the study's name even when it lies outside the
         # study's space (e.g. pinned away by --fix): not part of the exhaustive grid
-        tab = {k: v for k, v in tab.items() if inside(json.loads(k))}
+        tab = {k: v for k, v in tab.items() if in_space(json.loads(k), space_)}
         ok = [v for v in tab.values() if v is not None]
         if not ok:
             continue

@@ -261,3 +261,14 @@ def test_a_new_bucket_starts_from_the_default_and_the_nearest_winner(tmp_path, s
                  if ".q32_k32_bh4." in sm.study_name)
     trials = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}").trials
     assert [t.params for t in trials[:2]] == [dataclasses.asdict(DEFAULT), first.config]
+
+
+def test_pinned_grid_measures_its_whole_space_when_the_default_lies_outside(tmp_path, small_space):
+    db = tmp_path / "pin.sqlite"
+    other = 8 if DEFAULT.num_warps != 8 else 4
+    assert cli(tune_argv(db, "--sampler", "grid", "--fix", f"num_warps={other}", "--quiet", trials=1000)) == 0
+    trials = check_consistent(db)
+    grid = {json.dumps(t["config"], sort_keys=True) for t in trials if t["status"] != "invalid"
+            and t["config"]["num_warps"] == other}
+    assert len(grid) == len([c for c in VALID if c.num_warps == other])
+    assert [t["config"]["num_warps"] for t in trials if t["is_default"]] == [DEFAULT.num_warps]
