@@ -40,8 +40,8 @@ class CompiledLaunch:
         self.fn, self.grid = launch.fn, launch.grid
         self.tensor_names = tuple(names[:launch.num_tensors])
         self.pick = operator.itemgetter(*self.tensor_names)
-        args = launch.args()
-        self.tail = args[launch.num_tensors:]
+        # the scalars and constexprs after the leading tensors (descriptors come per call)
+        self.tail = tuple(launch.values[n] for n in names[launch.num_tensors:])
         self.num_warps, self.num_stages = launch.num_warps, launch.num_stages
         self.kernel = None
         self.device_index = device.index if device.type == "cuda" else None

@@ -50,7 +50,7 @@ def pytest_sessionfinish(session, exitstatus):
     failed = [r for r in RECORDS if not r["passed"]]
     summary = {**_environment(), "exitstatus": int(exitstatus), "ran": len(RECORDS),
                "failed": len(failed), "max_ratio_to_torch": max(
-                   (r["ratio_to_torch"] for r in RECORDS if r["ratio_to_torch"] is not None),
+                   (r["ratio_to_torch"] for r in RECORDS if r.get("ratio_to_torch") is not None),
                    default=None),
                "seconds": round(sum(r["seconds"] for r in RECORDS), 1), "records": RECORDS}
     out = Path(path)

@@ -215,3 +215,38 @@ def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
     pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
     for out in outs:
         assert_flash_rule("sm90", out, ref, pt, 2.0)
+
+
+def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
+    """The runtime's plan path with the sm90 family's TMA config (the GPU's default for these
+    kernels): descriptors rebuilt around each call's tensors, a misaligned call served by the
+    pointer kernel, gradients through the same plans."""
+    from attngen.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+        (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
+        else (dispatch.family("bwd").default(spec, "cpu"), "test")))
+    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    try:
+        q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=31, layout="bshd")
+        dout, = random_inputs(q.shape, dtype=q.dtype, seed=32)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attngen.attention(*leaves, causal=True, layout="bshd")
+        grads = torch.autograd.grad(out, leaves, dout)
+        plan = next(iter(api._FWD.values()))
+        assert plan.spec.target == "sm90" and plan.launches_spec[0].fn.__name__ == "_attn_fwd_tma"
+        again = attngen.attention(q, k, v, causal=True, layout="bshd")  # a warm call: new descriptors
+        buf = torch.empty(q.numel() + 8, dtype=q.dtype)
+        q_odd = buf[1:1 + q.numel()].view(q.shape).copy_(q)  # 2-byte offset: no TMA
+        odd = attngen.attention(q_odd, k, v, causal=True, layout="bshd")
+        assert torch.equal(out.detach(), again) and torch.equal(again, odd)
+        bhsd = lambda t: t.transpose(1, 2)  # noqa: E731
+        ref, _ = attention_ref(bhsd(q), bhsd(k), bhsd(v), causal=True)
+        pt, _ = attention_ref(bhsd(q), bhsd(k), bhsd(v), causal=True, upcast=False)
+        assert_flash_rule("sm90 plan", bhsd(out), ref, pt, 2.0)
+        check_grads("sm90 plan", lambda *t, upcast: attention_ref(*(bhsd(x) for x in t), causal=True,
+                                                                  upcast=upcast)[0].transpose(1, 2),
+                    (q, k, v), dout, grads)
+    finally:
+        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
