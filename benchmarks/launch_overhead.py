@@ -22,6 +22,7 @@ import torch
 import triton
 
 import attngen
+from attngen.kernels.launch import make_descriptors
 from attngen.runtime import api
 
 
@@ -72,6 +73,8 @@ def main():
     la = plan.launches[0]
     out, lse = plan.empty()
     tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": None, "cu_seqlens_k": None}
+    if plan.descriptors:  # the sm90 family's TMA kernel: descriptors built once, outside the loop
+        tensors.update(make_descriptors(plan.descriptors, tensors))
     kern, args_ = la.kernel, la.pick(tensors)
     stream = torch.cuda.current_stream().cuda_stream
 
@@ -80,6 +83,16 @@ def main():
 
     rows.append({"provider": "attngen", "grad": False, "host_us": host_us(lambda: attngen.attention(q, k, v, **kw))})
     rows.append({"provider": "bare launch", "grad": False, "host_us": host_us(bare)})
+    if plan.descriptors:  # the same call through the pointer kernel's plan (no descriptors to build)
+        pplan = plan._pointer_plan()
+        pplan.run(q, k, v)
+        rows.append({"provider": "attngen plan.run, pointer kernel", "grad": False,
+                     "host_us": host_us(lambda: pplan.run(q, k, v))})
+        pla = pplan.launches[0]
+        pk, pargs = pla.kernel, pla.pick(tensors)
+        rows.append({"provider": "bare launch, pointer kernel", "grad": False, "host_us": host_us(
+            lambda: pk.run(pla.grid, 1, 1, stream, pk.function, pk.packed_metadata, None, None, None,
+                           *pargs, *pla.tail))})
     rows.append({"provider": "sdpa", "grad": False, "host_us": host_us(
         lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))})
     try:
@@ -116,7 +129,7 @@ def main():
         torch.cuda.synchronize()
         comp["fwd+bwd" if grad else "fwd"] = {"lengths": 101, "compiles": count_compiles(compiled_fns()) - before,
                                              "seconds": round(time.perf_counter() - t0, 2)}
-    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    res = {"gpu": torch.cuda.get_device_name(), "kernel": la.fn.__name__, "config": plan.config.as_dict(), "torch": torch.__version__, "triton": triton.__version__,
            "shape": {"B": B, "H": H, "S": S, "D": D, "causal": True, "dtype": "bf16"},
            "host_us": rows, "recompiles_while_S_sweeps": comp}
     print(json.dumps(res, indent=1))
