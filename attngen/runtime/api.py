@@ -180,6 +180,17 @@ def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int,
 # plans
 
 
+HOST_BOUND_WORK = 1 << 22  # Sq x Sk x (batch x heads) classes of a bucket
+
+
+def host_bound(bucket: ShapeBucket) -> bool:
+    """Shapes whose kernel runs for microseconds, where the call's host time is what counts: the
+    TMA kernel's four tensor descriptors cost more to build per call (H200: 31 us per warm call vs
+    15 us through the pointer kernel, bare launches 11.6 / 6.1 us; B1 H4 S64 hd64,
+    benchmarks/results/h200_launch_overhead_2026-11-30.json) than the copy engine saves."""
+    return bucket.seqlen_q * bucket.seqlen_k * bucket.batch_heads <= HOST_BOUND_WORK
+
+
 class ForwardPlan:
     """The forward of one (shapes, strides, dtypes, device, options) key."""
 
@@ -204,6 +215,11 @@ class ForwardPlan:
         self.device_class = dispatch.device_class(q.device, interpret)
         self.config, self.config_source = dispatch.select_config(
             self.spec, self.module.TEMPLATE_HASH, self.device_class, bucket)
+        if getattr(self.config, "tma", False) and host_bound(bucket):
+            import dataclasses
+
+            self.config = dataclasses.replace(self.config, tma=False, warp_specialize=False)
+            self.config_source += " (pointer kernel: a host-bound shape)"
         out, lse = self.empty()
         self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
                                           opts.mask_args, self.config, cu_q, cu_k, max_q)

@@ -9,11 +9,13 @@ So the bound comes from the kernel's own error. With every sample the recording 
 the kernel's max |error| on that whole tensor against the float64 reference. A later run fails when
 a sampled value moves by more than
 
-    FRACTION * err  +  1 ulp of the value (8 ulps for the fp32 LSE)
+    FRACTION[dtype] * err  +  1 ulp of the value (8 ulps for the fp32 LSE)
 
 FRACTION sits between the two things it separates. Measured on this suite (recorded with numpy's
 AVX-512 paths on, rerun with them off): beyond one ulp of the value, cross-CPU noise moved fp16/bf16
-samples by at most 0.05 x err, and the fp32 LSE by 2 fp32 ulps. A softmax scale off by 0.2 %, a
+samples by at most 0.05 x err (FRACTION 0.5), and the fp32 LSE by up to 1.5 x err: the LSE's own
+error is a few fp32 ulps of the row's largest score, the same size as the noise (FRACTION 4).
+A softmax scale off by 0.2 %, a
 diagonal key dropped, or dS scaled by 1.002 in the backward all fail
 (tests/kernels/test_golden.py perturbs real generated kernels and checks that they fail).
 
@@ -31,7 +33,7 @@ import torch
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 SAMPLES = 256
-FRACTION = 0.5
+FRACTION = {torch.float16: 0.5, torch.bfloat16: 0.5, torch.float32: 4.0}
 # the value-relative term: one ulp of fp16/bf16 outputs; eight of fp32 (the LSE, whose error
 # against float64 is itself only a few fp32 ulps, and moved by up to 2 ulps across CPUs)
 ULP = {torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7, torch.float32: 8 * 2.0 ** -23}
@@ -54,13 +56,13 @@ def compare(name: str, dtype: torch.dtype, vals: list[float], want: dict) -> str
             got_t[torch.isinf(got_t)], want_t[torch.isinf(want_t)]):
         return f"{name}: infinities differ from the golden output"
     fin = torch.isfinite(want_t)
-    bound = FRACTION * want["err"] + ULP[dtype] * want_t[fin].abs()
+    bound = FRACTION[dtype] * want["err"] + ULP[dtype] * want_t[fin].abs()
     diff = (got_t[fin] - want_t[fin]).abs()
     bad = diff > bound
     if bad.any():
         k = int((diff - bound).argmax())
         return (f"{name}: differs from the golden output ({int(bad.sum())} of {len(vals)} samples "
-                f"beyond {FRACTION} x the kernel's error {want['err']:.3g} + ulps; worst "
+                f"beyond {FRACTION[dtype]} x the kernel's error {want['err']:.3g} + ulps; worst "
                 f"{got_t[fin][k]:.6g} vs {want_t[fin][k]:.6g})")
     return None
 

@@ -227,6 +227,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dispatch.family("bwd").default(spec, "cpu"), "test")))
+    monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
     api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
     try:
         q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=31, layout="bshd")
@@ -250,3 +251,22 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
                     (q, k, v), dout, grads)
     finally:
         api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+
+
+def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
+    """A tiny call on the sm90 family takes the pointer kernel even when its config says TMA."""
+    from attngen.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+        (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
+        else (dispatch.family("bwd").default(spec, "cpu"), "test")))
+    api._FWD.clear(), api._FAST.clear()
+    try:
+        for s, name in ((64, "_attn_fwd"), (2048, "_attn_fwd_tma")):
+            q, k, v = (torch.empty(1, 2 if s == 64 else 8, s, 32, dtype=torch.float16) for _ in range(3))
+            info = attngen.explain(q, k, v, causal=True)
+            plan = api.forward_plan(q, k, v, api.make_options(32, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+            assert plan.launches_spec[0].fn.__name__ == name, (s, info)
+    finally:
+        api._FWD.clear(), api._FAST.clear()
