@@ -15,9 +15,8 @@ FRACTION sits between the two things it separates. Measured on this suite (recor
 AVX-512 paths on, rerun with them off): beyond one ulp of the value, cross-CPU noise moved fp16/bf16
 samples by at most 0.05 x err (FRACTION 0.5), and the fp32 LSE by up to 1.5 x err: the LSE's own
 error is a few fp32 ulps of the row's largest score, the same size as the noise (FRACTION 4).
-A softmax scale off by 0.2 %, a
-diagonal key dropped, or dS scaled by 1.002 in the backward all fail
-(tests/kernels/test_golden.py perturbs real generated kernels and checks that they fail).
+A softmax scale off by 0.2 %, a diagonal key dropped, or dS scaled by 1.002 in the backward all
+fail (tests/kernels/test_golden.py perturbs real generated kernels and checks that they fail).
 
 Regenerate deliberately with ATTNGEN_UPDATE_GOLDEN=1 (and review the diff).
 ATTNGEN_GOLDEN_DUMP=<file> appends every checked sample to <file> as JSON lines (to measure noise).
