@@ -233,6 +233,7 @@ class ForwardPlan:
             t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (qv, kv, vv, cu_q, cu_k))
         self._max = (max_q, max_k)
         self._fallback = None
+        self._scratch = None
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -241,15 +242,23 @@ class ForwardPlan:
     def out_view(self, out):
         return out.transpose(1, 2) if self.layout == "bshd" else out
 
-    def run(self, q, k, v, cu_q=None, cu_k=None):
+    def run(self, q, k, v, cu_q=None, cu_k=None, want_lse=True):
+        """(out, lse); with want_lse=False the kernel writes the LSE into this plan's scratch
+        buffer (one allocation less per call; calls are stream-ordered, and nobody reads it) and
+        the returned lse is that buffer."""
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if want_lse:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        else:
+            lse = self._scratch
+            if lse is None:
+                lse = self._scratch = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q,
                    "cu_seqlens_k": cu_k}
         ok = aligned(q, k, v, cu_q, cu_k)
         if self.descriptors:
             if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernel serves
-                return self._pointer_plan().run(q, k, v, cu_q, cu_k)
+                return self._pointer_plan().run(q, k, v, cu_q, cu_k, want_lse)
             tensors.update(make_descriptors(self.descriptors, tensors))
         for launch in self.launches:
             launch(tensors, ok)
@@ -271,6 +280,7 @@ class ForwardPlan:
             plan.launches = [CompiledLaunch(la, self.device, self.device_class == "cpu")
                              for la in plan.launches_spec]
             plan.descriptors = None
+            plan._scratch = None
             self._fallback = plan
         return self._fallback
 
@@ -397,7 +407,7 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
             if _wants_grad(q, k, v):
                 out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
             else:
-                out, lse = plan.run(q, k, v)
+                out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
             return (out, lse) if return_lse else out
     check_dense(q, k, v, layout)
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
@@ -412,7 +422,7 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     if _wants_grad(q, k, v):
         out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
     else:
-        out, lse = plan.run(q, k, v)
+        out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
     return (out, lse) if return_lse else out
 
 

@@ -73,9 +73,10 @@ def _stream(index: int):
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-def aligned(*tensors) -> bool:
-    acc = 0
-    for t in tensors:
+def aligned(q, k, v, *more) -> bool:
+    """All base pointers 16-byte aligned (the specialization a cached kernel was compiled for)."""
+    acc = q.data_ptr() | k.data_ptr() | v.data_ptr()
+    for t in more:
         if t is not None:
             acc |= t.data_ptr()
     return acc & 15 == 0

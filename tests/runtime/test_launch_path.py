@@ -270,3 +270,17 @@ def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
             assert plan.launches_spec[0].fn.__name__ == name, (s, info)
     finally:
         api._FWD.clear(), api._FAST.clear()
+
+
+def test_lse_scratch_does_not_leak_into_returned_lse():
+    """Calls without return_lse write the LSE into a per-plan scratch buffer; calls that ask for
+    it get a fresh tensor every time, with the right values."""
+    q, k, v = inputs(sq=30, sk=30, seed=41)
+    out1 = attngen.attention(q, k, v, causal=True)
+    out2, lse2 = attngen.attention(q, k, v, causal=True, return_lse=True)
+    _, lse3 = attngen.attention(q, k, v, causal=True, return_lse=True)
+    q2, k2, v2 = inputs(sq=30, sk=30, seed=42)
+    attngen.attention(q2, k2, v2, causal=True)  # reuses the scratch: must not touch lse2
+    assert torch.equal(out1, out2) and lse2.data_ptr() != lse3.data_ptr()
+    _, ref_lse = attention_ref(q, k, v, causal=True)
+    torch.testing.assert_close(lse2.double(), ref_lse, atol=1e-4, rtol=1e-4)
