@@ -180,6 +180,36 @@ def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int,
 # plans
 
 
+@dataclass(frozen=True)
+class Dims:
+    """What kernel choice and config need from a call's (B, H, S, D) views or packed tensors."""
+
+    hq: int
+    hkv: int
+    dqk: int
+    dv: int
+    bucket: ShapeBucket
+
+    @staticmethod
+    def of(q, k, v, packed: bool, cu_q=None, max_q: int = 0, max_k: int = 0) -> "Dims":
+        if packed:
+            hq = q.shape[1]
+            return Dims(hq, k.shape[1], q.shape[2], v.shape[2],
+                        bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq))
+        B, hq, sq, dqk = q.shape
+        return Dims(hq, k.shape[1], dqk, v.shape[3], bucket_of(sq, k.shape[2], B * hq))
+
+
+def resolve(family: str, q, d: Dims, opts: Options, packed: bool):
+    """(spec, module, device class, config, config source) of a plan miss."""
+    spec, interpret = kernel_spec(family, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
+                                  opts.softcap, packed)
+    module = loader.load(spec)
+    dev_class = dispatch.device_class(q.device, interpret)
+    config, source = dispatch.select_config(spec, module.TEMPLATE_HASH, dev_class, d.bucket)
+    return spec, module, dev_class, config, source
+
+
 HOST_BOUND_WORK = 1 << 22  # Sq x Sk x (batch x heads) classes of a bucket
 
 
@@ -197,24 +227,17 @@ class ForwardPlan:
     def __init__(self, q, k, v, opts: Options, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0):
         packed = opts.layout == "packed"
         qv, kv, vv = (q, k, v) if packed else dense_views(q, k, v, opts.layout)
+        d = Dims.of(qv, kv, vv, packed, cu_q, max_q, max_k)
         if packed:
-            hq, hkv, dqk, dv = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
-            bucket = bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq)
-            self.out_shape, self.lse_shape = (q.shape[0], hq, dv), (hq, q.shape[0])
+            self.out_shape, self.lse_shape = (q.shape[0], d.hq, d.dv), (d.hq, q.shape[0])
         else:
-            B, hq, sq, dqk = qv.shape
-            hkv, sk, dv = kv.shape[1], kv.shape[2], vv.shape[3]
-            bucket = bucket_of(sq, sk, B * hq)
-            self.out_shape = (B, sq, hq, dv) if opts.layout == "bshd" else (B, hq, sq, dv)
-            self.lse_shape = (B, hq, sq)
-        self.dtype, self.device, self.layout, self.bucket = q.dtype, q.device, opts.layout, bucket
-        self.opts = opts
-        self.spec, interpret = kernel_spec("fwd", q.dtype, q.device, dqk, dv, hq // hkv, opts.mask,
-                                           opts.softcap, packed)
-        self.module = loader.load(self.spec)
-        self.device_class = dispatch.device_class(q.device, interpret)
-        self.config, self.config_source = dispatch.select_config(
-            self.spec, self.module.TEMPLATE_HASH, self.device_class, bucket)
+            B, sq = qv.shape[0], qv.shape[2]
+            self.out_shape = (B, sq, d.hq, d.dv) if opts.layout == "bshd" else (B, d.hq, sq, d.dv)
+            self.lse_shape = (B, d.hq, sq)
+        bucket = self.bucket = d.bucket
+        self.dtype, self.device, self.layout, self.opts = q.dtype, q.device, opts.layout, opts
+        self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
+            "fwd", q, d, opts, packed)
         if getattr(self.config, "tma", False) and host_bound(bucket):
             import dataclasses
 
@@ -223,7 +246,8 @@ class ForwardPlan:
         out, lse = self.empty()
         self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
                                           opts.mask_args, self.config, cu_q, cu_k, max_q)
-        self.launches = [CompiledLaunch(la, q.device, interpret) for la in self.launches_spec]
+        self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu")
+                         for la in self.launches_spec]
         self.descriptors = self.launches_spec[0].descriptors if self.launches_spec else None
         for la in self.launches_spec:  # a plan must not keep the first call's tensors alive
             la.values = {n: x for n, x in la.values.items() if not isinstance(x, torch.Tensor)}
@@ -291,21 +315,11 @@ class BackwardPlan:
     def __init__(self, dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None,
                  cu_k=None, max_q: int = 0, max_k: int = 0):
         packed = opts.layout == "packed"
-        if packed:
-            hq, hkv, dqk, dv = q.shape[1], k.shape[1], q.shape[2], v.shape[2]
-            bucket = bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq)
-        else:
-            qv, kv, vv = dense_views(q, k, v, opts.layout)
-            B, hq, sq, dqk = qv.shape
-            hkv, sk, dv = kv.shape[1], kv.shape[2], vv.shape[3]
-            bucket = bucket_of(sq, sk, B * hq)
-        self.spec, interpret = kernel_spec("bwd", q.dtype, q.device, dqk, dv, hq // hkv, opts.mask,
-                                           opts.softcap, packed)
-        self.module = loader.load(self.spec)
-        self.device_class = dispatch.device_class(q.device, interpret)
-        self.config, self.config_source = dispatch.select_config(
-            self.spec, self.module.TEMPLATE_HASH, self.device_class, bucket)
-        self.bucket = bucket
+        d = Dims.of(*((q, k, v) if packed else dense_views(q, k, v, opts.layout)), packed, cu_q,
+                    max_q, max_k)
+        self.bucket = d.bucket
+        self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
+            "bwd", q, d, opts, packed)
         self.atomic = self.config.atomic_dq and not deterministic
         dq, dk, dv_, delta, dq_acc = self._buffers(q, k, v, lse)
         views = [t.transpose(1, 2) if opts.layout == "bshd" else t
@@ -313,7 +327,7 @@ class BackwardPlan:
         qv, kv, vv, outv, doutv, dqv, dkv, dvv = views
         launches = bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
                                 dvv, opts.mask_args, self.config, self.atomic, cu_q, cu_k, max_q, max_k)
-        self.launches = [CompiledLaunch(la, q.device, interpret) for la in launches]
+        self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu") for la in launches]
 
     def _buffers(self, q, k, v, lse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

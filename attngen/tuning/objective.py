@@ -34,7 +34,7 @@ from attngen.kernels.fwd import attn_fwd, attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec, SpecEntry
 from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask
-from attngen.tuning import space, timing
+from attngen.tuning import timing
 from attngen.tuning.buckets import ShapeBucket
 
 FWD_FACTOR, BWD_FACTOR, ATOL = 2.0, 3.0, 1e-5
