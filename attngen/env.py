@@ -59,15 +59,26 @@ def templates_dir() -> Path:
     return Path(env) if env else _shipped("templates", "_templates")
 
 
-def tuning_db_path() -> Path:
+def tuning_db_path(writing: bool = False) -> Path:
+    """The tuning database file: ATTNGEN_TUNING_DB; in a checkout tuning_db/attngen.sqlite. An
+    installed package is read-only: tuning writes <cache_dir()>/tuning_db/attngen.sqlite, and the
+    runtime reads that file once it exists, else the database the wheel ships
+    (attngen/_tuning_db/attngen.sqlite)."""
     env = os.environ.get("ATTNGEN_TUNING_DB")
-    return Path(env) if env else REPO_ROOT / "tuning_db" / "attngen.sqlite"
+    if env:
+        return Path(env)
+    if in_checkout():
+        return REPO_ROOT / "tuning_db" / "attngen.sqlite"
+    user = cache_dir() / "tuning_db" / "attngen.sqlite"
+    if writing or user.exists():
+        return user
+    return PACKAGE_DIR / "_tuning_db" / "attngen.sqlite"
 
 
-def tuning_db_url() -> str:
+def tuning_db_url(writing: bool = False) -> str:
     """The tuning database as given: ATTNGEN_DB (a file path or an SQLAlchemy URL), else
-    tuning_db_path(). attngen.db.schema.to_url turns a path into a sqlite:/// URL."""
-    return os.environ.get("ATTNGEN_DB") or str(tuning_db_path())
+    tuning_db_path(writing). attngen.db.schema.to_url turns a path into a sqlite:/// URL."""
+    return os.environ.get("ATTNGEN_DB") or str(tuning_db_path(writing))
 
 
 def interpreting() -> bool:

@@ -42,3 +42,23 @@ def test_generated_dir_variable_wins_for_builds(fake_root, monkeypatch):
     (fake_root / "specs").mkdir()
     (fake_root / "generated").mkdir()
     assert env.build_dir() == fake_root / "mine"
+
+
+def test_tuning_db_outside_a_checkout_is_read_from_the_wheel_and_written_to_the_cache(fake_root, monkeypatch):
+    """An installed package never writes its shipped database: tuning goes to the user cache, and
+    the runtime reads the user's database once it exists, else the shipped one."""
+    monkeypatch.delenv("ATTNGEN_TUNING_DB", raising=False)
+    monkeypatch.delenv("ATTNGEN_DB", raising=False)
+    (fake_root / "attngen").mkdir()
+    shipped = env.PACKAGE_DIR / "_tuning_db" / "attngen.sqlite"
+    user = fake_root / "cache" / "tuning_db" / "attngen.sqlite"
+    assert env.tuning_db_path() == shipped
+    assert env.tuning_db_path(writing=True) == user
+    user.parent.mkdir(parents=True)
+    user.write_bytes(b"")
+    assert env.tuning_db_path() == user
+
+
+def test_tuning_db_in_a_checkout_is_the_repository_file(monkeypatch):
+    monkeypatch.delenv("ATTNGEN_TUNING_DB", raising=False)
+    assert env.tuning_db_path() == env.tuning_db_path(writing=True) == env.REPO_ROOT / "tuning_db" / "attngen.sqlite"

@@ -111,10 +111,10 @@ def _worker(text: str) -> tuple[int, int]:
     return i, n
 
 
-def _url(args) -> str:
+def _url(args, writing: bool = False) -> str:
     from attngen import env
 
-    return schema.to_url(args.storage or env.tuning_db_url())
+    return schema.to_url(args.storage or env.tuning_db_url(writing))
 
 
 def _fail(cmd: str, exc: BaseException) -> int:
@@ -202,7 +202,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     except json.JSONDecodeError as exc:
         return _fail("db import", f"{args.file}: not JSON ({exc.msg} at line {exc.lineno})")
     try:
-        with dbs.Store(_url(args), "create") as st:
+        with dbs.Store(_url(args, writing=True), "create") as st:
             with st.session() as s:
                 rep = dbs.import_data(s, data, args.file)
             st.pack()
@@ -217,7 +217,7 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     from attngen.db import store as dbs
 
     try:
-        with dbs.Store(_url(args), "write") as st:
+        with dbs.Store(_url(args, writing=True), "write") as st:
             version = st.schema_version()
             where = st.where
     except schema.TuningDBError as exc:

@@ -116,7 +116,7 @@ class TuneOptions:
 
     @property
     def url(self) -> str:
-        return schema.to_url(self.storage or env.tuning_db_url())
+        return schema.to_url(self.storage or env.tuning_db_url(writing=True))
 
 
 def default_buckets(entry: SpecEntry) -> list[ShapeBucket]:
