@@ -53,7 +53,7 @@ def run_warmup(args: argparse.Namespace) -> int:
                               seqlens=args.seqlens, batch=args.batch,
                               dtype=getattr(torch, DTYPES[dt]), device=args.device,
                               causal=inner in ("causal", "sliding_window"), window_size=window,
-                              softcap=e.softcap, backward=args.backward)
+                              softcap=e.softcap, backward=args.backward, varlen=e.mask == "document")
                 for r in rows:
                     print(f"{e.name:<16} {dt:<5} S={r['seqlen']:<7} {r['bucket']:<20} {r['kernel']:<44} "
                           f"{r['config']}  {r['seconds']:.2f} s")

@@ -38,10 +38,14 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
 
 def warmup(*, num_q_heads: int, num_kv_heads: int, head_dim: int, seqlens=(1024,), batch: int = 1,
            dtype=torch.bfloat16, device="cuda", causal=False, window_size=(-1, -1), softcap=0.0,
-           layout="bhsd", backward=False) -> list[dict]:
+           layout="bhsd", backward=False, varlen=False) -> list[dict]:
     """Compile the kernels and configs that calls of these shape classes will use: one small call
     per sequence length (its bucket's config), forward and, with backward=True, backward. Lengths
-    never recompile a kernel, so any later length in these buckets only builds a plan (no compile)."""
+    never recompile a kernel, so any later length in these buckets only builds a plan (no compile).
+    varlen=True warms attention_varlen (`batch` documents of each length)."""
+    if varlen:
+        return _warmup_varlen(num_q_heads, num_kv_heads, head_dim, seqlens, batch, dtype, device,
+                              dict(causal=causal, window_size=window_size, softcap=softcap), backward)
     rows = []
     for s in seqlens:
         shape_q = (batch, num_q_heads, s, head_dim)
@@ -61,5 +65,28 @@ def warmup(*, num_q_heads: int, num_kv_heads: int, head_dim: int, seqlens=(1024,
         info = explain(q.detach(), k.detach(), v.detach(), **kw)
         rows.append({"seqlen": s, "bucket": info["bucket"], "kernel": info["kernel"],
                      "config": info["config"], "backward": backward,
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    return rows
+
+
+def _warmup_varlen(hq, hkv, d, seqlens, docs, dtype, device, kw, backward) -> list[dict]:
+    rows = []
+    for s in seqlens:
+        t = docs * s
+        q = torch.randn(t, hq, d, dtype=dtype, device=device, requires_grad=backward)
+        k = torch.randn(t, hkv, d, dtype=dtype, device=device, requires_grad=backward)
+        v = torch.randn(t, hkv, d, dtype=dtype, device=device, requires_grad=backward)
+        cu = torch.arange(0, t + 1, s, dtype=torch.int32, device=device)
+        t0 = time.perf_counter()
+        out = api.attention_varlen(q, k, v, cu, cu, s, s, **kw)
+        if backward:
+            out.sum().backward()
+        if q.is_cuda:
+            torch.cuda.synchronize(q.device)
+        opts = api.make_options(d, kw["causal"], kw["window_size"], kw["softcap"], None,
+                                "bottom_right", "packed")
+        plan = api.forward_plan(q.detach(), k.detach(), v.detach(), opts, cu, cu, s, s)
+        rows.append({"seqlen": s, "bucket": plan.bucket.key, "kernel": plan.spec.uri,
+                     "config": plan.config.as_dict(), "backward": backward,
                      "seconds": round(time.perf_counter() - t0, 3)})
     return rows

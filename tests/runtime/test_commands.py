@@ -33,3 +33,12 @@ def test_warmup_bad_spec_is_exit_2(capsys, tmp_path):
     spec.write_text("kernels:\n  - name: bad\n    head_dim: 999\n")
     assert main(["warmup", str(spec), "--device", "cpu"]) == 2
     assert "head_dim" in capsys.readouterr().err
+
+
+def test_warmup_document_entries_warm_the_varlen_kernels(capsys, tmp_path):
+    spec = tmp_path / "docs.yaml"
+    spec.write_text("kernels:\n  - name: docs\n    head_dim: 16\n    num_q_heads: 2\n    num_kv_heads: 1\n"
+                    "    mask: document\n    document_mask: causal\n    dtypes: fp16\n    targets: sm80\n")
+    assert main(["warmup", str(spec), "--seqlens", "20", "--device", "cpu", "--batch", "3"]) == 0
+    out = capsys.readouterr().out.split()
+    assert "attn_fwd_fp16_hd16_gqa2_doc_causal_sm80" in out and "q32_k32_bh8" in out, out
