@@ -88,11 +88,32 @@ class KernelSpec:
     def pad_v(self) -> int:
         return max(16, 1 << (self.head_dim_v - 1).bit_length())
 
+    def head_chunks(self, which: str, policy: str = "split") -> tuple[tuple[int, int], ...]:
+        """(offset, width) column tiles that hold head dim `which` ("qk" or "v") in the forward.
+        policy "split": a head dim whose multiple of 16 is a sum of two powers of two is held as
+        those two tiles (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64, 72 -> 64 + 16 with 8 columns
+        masked) instead of one padded power-of-two tile, so no matmul works on padding; everything
+        else is one tile of pad_qk / pad_v columns (extra columns masked). policy "pad": always one
+        tile (the A/B baseline)."""
+        return head_chunks(self.head_dim_qk if which == "qk" else self.head_dim_v, policy)
+
     def replace(self, **changes: Any) -> "KernelSpec":
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def head_chunks(dim: int, policy: str = "split") -> tuple[tuple[int, int], ...]:
+    """See KernelSpec.head_chunks."""
+    if policy not in ("split", "pad"):
+        raise ValueError(f"head chunk policy must be 'split' or 'pad', got {policy!r}")
+    pad = max(16, 1 << (dim - 1).bit_length())
+    d16 = -(-dim // 16) * 16
+    bits = [1 << b for b in range(d16.bit_length() - 1, -1, -1) if d16 & (1 << b)]
+    if policy == "pad" or len(bits) != 2:
+        return ((0, pad),)
+    return ((0, bits[0]), (bits[0], bits[1]))
 
 
 def _check_kernel_spec(k: KernelSpec) -> list[str]:

@@ -14,6 +14,9 @@
 #   3. `--workers 2` on this one GPU (two processes, one shared storage) -> workers.json
 #   and gpu_tune.log (everything printed), env.txt, summary.json (phases, seconds, exit codes).
 #
+#   PHASES=ship benchmarks/gpu_tune.sh   # only 2., with TPE on llama's forward buckets in place of
+#                                        # the exhaustive winners (about 2 minutes)
+#
 # The GPU image has no optuna / SQLAlchemy: their wheels come from shared/wheels/ (downloaded on a
 # machine with pip: /work/shared/scripts/gpu_wheels.sh shared/wheels), installed into /tmp.
 # The repository goes on PYTHONPATH (no install). Exit status: nonzero if a phase failed.
@@ -91,6 +94,8 @@ PY
   PIN_G=("${ARGS_G[@]:1}")
   echo "comparison: $L pins ${PIN_L[*]:-none}, TPE budget $BL; $G pins ${PIN_G[*]:-none}, TPE budget $BG"
 
+  local PHASES=${PHASES:-compare,ship,workers}
+  if [[ ,$PHASES, == *,compare,* ]]; then
   # 1. search vs exhaustive (the grid runs first: it compiles every config once for both)
   run grid_llama 200 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
     --sampler grid --trials 1000 --storage "$GRID" --timeout 185 "${PIN_L[@]}"
@@ -102,11 +107,18 @@ PY
     --trials "$BG" --storage "$TPE" "${PIN_G[@]}"
   run compare 90 python3 -m $CLI db compare --exhaustive "$GRID" --search "$TPE" --seeds 20 \
     --out "$OUT/compare_search.json"
+  fi
 
+  if [[ ,$PHASES, == *,ship,* ]]; then
   # 2. the shipped database: the exhaustive winners, then more kernels and buckets with TPE
   rm -f "$SHIP"
-  run ship_import 30 bash -c "python3 -m $CLI db export --storage '$GRID' --out '$WORK/grid.json' && \
-    python3 -m $CLI db import '$WORK/grid.json' --storage '$SHIP'"
+  if [[ ,$PHASES, == *,compare,* ]]; then
+    run ship_import 30 bash -c "python3 -m $CLI db export --storage '$GRID' --out '$WORK/grid.json' && \
+      python3 -m $CLI db import '$WORK/grid.json' --storage '$SHIP'"
+  else
+    run ship_llama 80 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
+      --trials 14 --storage "$SHIP" --timeout 65
+  fi
   run ship_bwd 90 "${TUNE[@]}" --spec specs/llama.yaml --kernels attn_bwd_bf16_hd128_gqa4_causal_sm90 \
     --shapes "$LSHAPES" --trials 8 --storage "$SHIP" --timeout 75
   run ship_fwd 60 "${TUNE[@]}" --spec specs/llama.yaml --spec specs/mistral.yaml --spec specs/gemma2.yaml \
@@ -114,13 +126,21 @@ PY
     --trials 6 --storage "$SHIP" --timeout 45
   run ship_show 30 bash -c "python3 -m $CLI db show --storage '$SHIP' && \
     python3 -m $CLI db export --storage '$SHIP' --winners-only --out '$OUT/winners.json'"
+  fi
 
+  [[ ,$PHASES, == *,workers,* ]] || { write_summary; echo "done in ${SECONDS} s; results in $OUT"; return $status; }
   # 3. two tuning processes on one storage (one GPU here: they share it, so their timings are
   #    not for keeping; this checks the distributed mode: one winner, no trial lost)
   run workers 50 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$WORKER_SHAPES" \
     --trials 8 --workers 2 --storage "$WORK/workers.sqlite" --timeout 35
   run workers_export 20 python3 -m $CLI db export --storage "$WORK/workers.sqlite" --out "$OUT/workers.json"
 
+  write_summary
+  echo "done in ${SECONDS} s; results in $OUT"
+  return $status
+}
+
+write_summary() {
   python3 - "$OUT/summary.json" "$SECONDS" <<PY
 import json, sys
 secs = {$(for k in "${!secs[@]}"; do printf '"%s": %s, ' "$k" "${secs[$k]}"; done)}
@@ -128,8 +148,6 @@ codes = {$(for k in "${!codes[@]}"; do printf '"%s": "%s", ' "$k" "${codes[$k]}"
 json.dump({"seconds_total": int(sys.argv[2]), "phase_seconds": secs, "phase_exit": codes},
           open(sys.argv[1], "w"), indent=1)
 PY
-  echo "done in ${SECONDS} s; results in $OUT"
-  return $status
 }
 
 main 2>&1 | tee "$OUT/gpu_tune.log"

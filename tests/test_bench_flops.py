@@ -93,18 +93,44 @@ def test_benchmark_masks_count_exactly(name):
     assert bench.forward_flops(case) == per_pair * pairs
 
 
+# the head-dim cases: name -> (B, Hq, Hkv, S, D), all causal, and their forward FLOPs written out
+HEAD_DIM_CASES = {"causal-hd256-4k": (2, 16, 16, 4096, 256), "causal-hd192-4k": (4, 16, 16, 4096, 192),
+                  "causal-hd96-4k": (4, 32, 32, 4096, 96), "causal-hd80-4k": (4, 32, 32, 4096, 80)}
+HEAD_DIM_FLOPS = {"causal-hd256-4k": 274_877_906_944, "causal-hd192-4k": 412_316_860_416,
+                  "causal-hd96-4k": 412_316_860_416, "causal-hd80-4k": 343_597_383_680}
+
+
 def test_case_table():
     names = [c.name for c in bench.CASES]
     assert len(set(names)) == len(names)
-    # the anchors' case names (benchmarks compare row by row)
-    assert set(names) == {"full", "causal", "causal-16k", "gqa4-causal-8k", "swa1024-8k",
-                          "docs8-causal-8k", "causal-hd64-4k"}
+    # the anchors' case names (benchmarks compare row by row), then the head-dim cases
+    assert names == ["full", "causal", "causal-16k", "gqa4-causal-8k", "swa1024-8k",
+                     "docs8-causal-8k", "causal-hd64-4k", *HEAD_DIM_CASES]
     for c in bench.CASES:
         assert c.heads_q % c.heads_kv == 0, c
         assert c.seqlen % max(c.docs, 1) == 0, c
     swa = bench.CASES_BY_NAME["swa1024-8k"]
     assert (swa.window_size, swa.heads_q, swa.heads_kv, swa.seqlen) == ((1023, 0), 32, 8, 8192)
-    assert [p.name for p in bench.PROVIDERS] == ["attngen", "cudnn", "fa2", "flex"]
+    assert [p.name for p in bench.PROVIDERS] == ["attngen", "attngen-sm80", "cudnn", "fa2", "flex"]
+
+
+@pytest.mark.parametrize("name", HEAD_DIM_CASES)
+def test_head_dim_cases_count_flops_on_their_head_dim(name):
+    case = bench.CASES_BY_NAME[name]
+    B, H, Hkv, S, D = HEAD_DIM_CASES[name]
+    assert (case.batch, case.heads_q, case.heads_kv, case.seqlen, case.head_dim) == (B, H, Hkv, S, D)
+    assert case.causal and case.window == -1 and case.docs == 0
+    fwd = 2 * (D + D) * B * H * S * S / 2  # causal: half of Sq*Sk, on the case's own head dim
+    assert fwd == HEAD_DIM_FLOPS[name]
+    assert bench.forward_flops(case) == fwd, name
+    assert bench.case_flops(case, "fwdbwd") == 3.5 * fwd, name
+
+
+def test_default_and_picked_cases():
+    """No --cases: every case, the head-dim ones included; --cases picks by name."""
+    assert bench._pick(None, bench.CASES_BY_NAME, "case") == list(bench.CASES)
+    picked = bench._pick("causal-hd80-4k, full", bench.CASES_BY_NAME, "case")
+    assert [c.name for c in picked] == ["causal-hd80-4k", "full"]
 
 
 # ---- the harness, with stand-in providers on the CPU ---------------------------------------------
@@ -163,6 +189,35 @@ def test_ratios():
     row = bench.Row(case, "fwd", torch.bfloat16, 1.0,
                     tflops={"attngen": 300.0, "cudnn": 600.0, "fa2": "skipped: x", "flex": 150.0})
     assert row.ratios() == {"attngen/cudnn": 0.5, "attngen/fa2": None, "attngen/flex": 2.0}
+
+
+def test_sm80_family_ratios_and_table():
+    """attngen-sm80 gets a column and its own ratios to the peers; attngen's keys stay."""
+    case = bench.Case("t", 1, 1, 1, 8, 16)
+    row = bench.Row(case, "fwd", torch.bfloat16, 1.0,
+                    tflops={"attngen": 300.0, "attngen-sm80": 240.0, "cudnn": 600.0,
+                            "fa2": "skipped: x", "flex": 150.0})
+    assert row.ratios() == {"attngen/attngen-sm80": 1.25, "attngen/cudnn": 0.5, "attngen/fa2": None,
+                            "attngen/flex": 2.0, "attngen-sm80/cudnn": 0.4, "attngen-sm80/fa2": None,
+                            "attngen-sm80/flex": 1.6}
+    lines = bench.format_table([row], bench.PROVIDERS).splitlines()
+    head = lines[1].split()
+    assert head == ["case", "mode", "attngen", "attngen-sm80", "cudnn", "fa2", "flex", "a/a-sm80",
+                    "a/cudnn", "a/fa2", "a/flex", "a-sm80/cudnn", "a-sm80/fa2", "a-sm80/flex"]
+    assert lines[3].split() == ["t", "fwd", "300.0", "240.0", "600.0", "skip", "150.0", "1.25",
+                                "0.50", "-", "2.00", "0.40", "-", "1.60"]
+    assert all(len(line) <= len(lines[1]) for line in lines[2:4])  # columns line up
+
+
+def test_sm80_provider_skips_where_it_would_duplicate_attngen():
+    """Off Hopper (here: the CPU, whose kernels are the sm80 family) attngen-sm80 records why it
+    has no number instead of measuring attngen twice."""
+    case = bench.Case("tiny", 1, 2, 2, 16, 16, causal=True)
+    providers = (FAKE[0], bench.PROVIDERS_BY_NAME["attngen-sm80"])
+    row = bench.run_case(case, "fwd", providers, torch.float16, torch.device("cpu"),
+                         timer=lambda step: (step(), 1e-6)[1])
+    assert row.tflops["attngen-sm80"] == "skipped: same kernels as attngen on this GPU (the sm80 family is its own)"
+    assert row.ratios()["attngen/attngen-sm80"] is None
 
 
 # ---- CLI -----------------------------------------------------------------------------------------

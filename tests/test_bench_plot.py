@@ -126,6 +126,28 @@ def test_plot_of_a_measured_run_draws_what_it_measured(tmp_path):
     assert plot.save(doc, tmp_path / "run.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_sm80_family_bars_beside_attngen():
+    """A run with attngen-sm80 (here: a committed run with that column added) draws its bars and
+    its missing slots, in the legend under its own name; the ratios on the peers stay attngen's."""
+    pytest.importorskip("matplotlib")
+    from attngen.bench import plot
+
+    doc = bench.load_results(COMMITTED[0])
+    rows = [{**r, "tflops": {"attngen": r["tflops"]["attngen"],
+                             "attngen-sm80": 300.0 if i % 2 else "skipped: same kernels as attngen on this GPU",
+                             **{k: v for k, v in r["tflops"].items() if k != "attngen"}}}
+            for i, r in enumerate(doc["rows"])]
+    doc = {**doc, "providers": {"attngen": "x", "attngen-sm80": "y", **doc["providers"]}, "rows": rows}
+    fig = plot.figure(doc)
+    bars, texts = drawn(fig)
+    want_bars, want_texts = expected(doc)
+    assert bars == pytest.approx(want_bars) and texts == want_texts
+    assert sum(k.endswith("/attngen-sm80") for k in bars) == len(rows) // 2
+    assert sum(k.endswith("/attngen-sm80/missing") for k in texts) == len(rows) - len(rows) // 2
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["attngen", "attngen sm80 family", "cuDNN", "FA2", "FlexAttention"]
+
+
 def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch, capsys):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -93,6 +93,17 @@ def test_benchmark_table_is_the_committed_results():
     assert got == want
 
 
+@pytest.mark.parametrize("doc", ["README.md", "benchmarks/README.md"])
+def test_case_tables_are_the_bench_cases(doc):
+    """Both case tables list every `attngen bench` case, in order, with its shape."""
+    from attngen.bench import CASES
+
+    text = (REPO_ROOT / doc).read_text()
+    rows = re.findall(r"^\| `([\w-]+)` \| (\d+) \| (\d+)/(\d+) \| (\d+) \| (\d+) \|", text, flags=re.M)
+    got = [(name, *map(int, nums)) for name, *nums in rows]
+    assert got == [(c.name, c.batch, c.heads_q, c.heads_kv, c.seqlen, c.head_dim) for c in CASES]
+
+
 def test_images_exist():
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)
     assert any(p.endswith("h200_bench_fwd_2026-11-30.png") for p in images)

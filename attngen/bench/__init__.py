@@ -5,8 +5,8 @@ FlexAttention, all measured in one process, written as JSON, printed as a table,
 One concern per module, as in tritonbench:
 
 * cases.py     -- the benchmark shapes and their exact FLOP counts (conventions there);
-* providers.py -- one table of providers (attngen, cuDNN, FA2, FlexAttention), each bound to a case
-  or refusing it with a reason;
+* providers.py -- one table of providers (attngen, attngen-sm80 = the sm80 kernel family forced on
+  a Hopper GPU, cuDNN, FA2, FlexAttention), each bound to a case or refusing it with a reason;
 * run.py       -- measuring one case and mode across providers (timing, output checks), never
   raising for a provider's failure: a provider that cannot run records why instead of a number;
 * report.py    -- the table, the JSON (with GPU name and library versions), reading it back;

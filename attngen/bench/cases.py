@@ -20,7 +20,7 @@ FWDBWD_FLOP_FACTOR = 3.5
 @dataclass(frozen=True)
 class Case:
     """One benchmark shape: square sequences (Sq = Sk = seqlen), Dqk = Dv = head_dim. The names
-    match the rows of the H200 anchors."""
+    match the rows of the H200 anchors (the head-dim cases after causal-hd64-4k have none yet)."""
 
     name: str
     batch: int
@@ -57,6 +57,10 @@ CASES: tuple[Case, ...] = (
     Case("swa1024-8k", 1, 32, 8, 8192, 128, causal=True, window=1024),
     Case("docs8-causal-8k", 1, 32, 8, 8192, 128, causal=True, docs=8),
     Case("causal-hd64-4k", 4, 32, 32, 4096, 64, causal=True),
+    Case("causal-hd256-4k", 2, 16, 16, 4096, 256, causal=True),
+    Case("causal-hd192-4k", 4, 16, 16, 4096, 192, causal=True),
+    Case("causal-hd96-4k", 4, 32, 32, 4096, 96, causal=True),
+    Case("causal-hd80-4k", 4, 32, 32, 4096, 80, causal=True),
 )
 CASES_BY_NAME = {c.name: c for c in CASES}
 

@@ -1,7 +1,8 @@
 """`attngen bench --plot`: grouped bars of TFLOP/s per case and provider, one panel per mode, drawn
 from the results document that `attngen bench --out` writes (report.results / load_results). On the
 cuDNN and FlexAttention bars stands attngen's ratio to them (attngen TFLOP/s / theirs); a provider
-that was not measured gets "n/a" in its slot.
+that was not measured gets "n/a" in its slot. Files from before a provider existed (e.g. without
+attngen-sm80) draw the providers they have.
 
 Needs matplotlib, an optional dependency (`pip install 'attngen[plot]'`); only this module imports
 it, and only when drawing. No pyplot: a Figure of its own, so no global backend state changes.
@@ -15,8 +16,10 @@ from attngen.bench.cases import MODES
 from attngen.bench.providers import REFERENCE
 
 RATIO_PEERS = ("cudnn", "flex")  # attngen's ratio to these is written on their bars
-NAMES = {"attngen": "attngen", "cudnn": "cuDNN", "fa2": "FA2", "flex": "FlexAttention"}
-COLORS = {"attngen": "#d62728", "cudnn": "#1f77b4", "fa2": "#9e9e9e", "flex": "#2ca02c"}
+NAMES = {"attngen": "attngen", "attngen-sm80": "attngen sm80 family", "cudnn": "cuDNN", "fa2": "FA2",
+         "flex": "FlexAttention"}
+COLORS = {"attngen": "#d62728", "attngen-sm80": "#ff9896", "cudnn": "#1f77b4", "fa2": "#9e9e9e",
+          "flex": "#2ca02c"}
 MODE_TITLES = {"fwd": "forward", "fwdbwd": "forward + backward"}
 # what makes a file's bytes depend on the day it was drawn, per format
 _NO_STAMP = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}

@@ -1,6 +1,6 @@
 """Providers: one table (PROVIDERS) of what `attngen bench` measures, each a function that binds
 the provider to a case's inputs or raises Unsupported(reason). All run in one process on the same
-tensors; ratios are attngen / peer.
+tensors; ratios are attngen / peer, and attngen-sm80 / each non-attngen peer.
 """
 
 from __future__ import annotations
@@ -101,6 +101,22 @@ def _prepare_attngen(case: Case, x: Inputs, mode: str) -> Prepared:
                    "attngen.attention_varlen" if case.docs else "attngen.attention")
     return prepared
 
+
+def _prepare_attngen_sm80(case: Case, x: Inputs, mode: str) -> Prepared:
+    """attngen with the sm80 family (FlashAttention-2 style pointer kernels) forced: beside
+    `attngen` (the sm90 family on Hopper) on the same GPU. Plans are cached per forced target."""
+    from attngen.runtime import dispatch
+
+    if dispatch.native_target(x.q.device) == "sm80":
+        raise Unsupported("skipped: same kernels as attngen on this GPU (the sm80 family is its own)")
+
+    def context():
+        return dispatch.forced_target("sm80")
+
+    with context():  # the gradient probe builds its plan under the forced target too
+        prepared = _prepare_attngen(case, x, mode)
+    prepared.context = context
+    return prepared
 
 
 def sync(device: torch.device) -> None:
@@ -237,7 +253,10 @@ def _prepare_flex(case: Case, x: Inputs, mode: str) -> Prepared:
 
 
 PROVIDERS: tuple[Provider, ...] = (
-    Provider("attngen", "attngen generated Triton kernels", _prepare_attngen),
+    Provider("attngen", "attngen generated Triton kernels (the GPU's own family: sm90 on Hopper)",
+             _prepare_attngen),
+    Provider("attngen-sm80", "attngen under dispatch.forced_target('sm80'): the sm80-family "
+             "(FlashAttention-2 style pointer) kernels, on an sm90 GPU only", _prepare_attngen_sm80),
     Provider("cudnn", "SDPA, CUDNN_ATTENTION backend", _sdpa_provider("CUDNN_ATTENTION")),
     Provider("fa2", "SDPA, FLASH_ATTENTION backend (FlashAttention-2)",
              _sdpa_provider("FLASH_ATTENTION")),
@@ -245,3 +264,8 @@ PROVIDERS: tuple[Provider, ...] = (
 )
 PROVIDERS_BY_NAME = {p.name: p for p in PROVIDERS}
 REFERENCE = "attngen"  # ratios are attngen / peer; checks compare against attngen's output
+
+
+def is_attngen(name: str) -> bool:
+    """attngen itself or one of its variants (attngen-sm80): the numerators of the ratios."""
+    return name == REFERENCE or name.startswith(REFERENCE + "-")

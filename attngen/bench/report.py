@@ -14,8 +14,8 @@ from typing import Sequence
 import torch
 
 from attngen.bench.cases import DTYPE_NAMES
-from attngen.bench.providers import REFERENCE, Provider
-from attngen.bench.run import OUT_TOLERANCE, TIMING, Row, fmt_value
+from attngen.bench.providers import REFERENCE, Provider, is_attngen
+from attngen.bench.run import OUT_TOLERANCE, TIMING, Row, fmt_value, ratio_pairs
 
 
 # the table's word for a reason string, by its prefix
@@ -23,30 +23,39 @@ _SHORT = {"skipped": "skip", "refused": "refused", "not available": "n/a", "erro
           "-": "-"}
 
 
-def _ratio_cell(x: float | None) -> str:
-    return f"{'-' if x is None else format(x, '.2f'):>9}"
+def _ratio_cell(x: float | None, width: int) -> str:
+    return f"{'-' if x is None else format(x, '.2f'):>{width}}"
+
+
+def _abbrev(name: str) -> str:
+    """attngen -> a, attngen-sm80 -> a-sm80 (ratio column labels); peers keep their names."""
+    return "a" + name[len(REFERENCE):] if is_attngen(name) else name
 
 
 def format_table(rows: Sequence[Row], providers: Sequence[Provider]) -> str:
     names = [p.name for p in providers]
-    peers = [n for n in names if n != REFERENCE]
-    head = (f"{'case':<18} {'mode':<7}" + "".join(f"{n:>9}" for n in names)
-            + "".join(f"{REFERENCE[0] + '/' + n:>9}" for n in peers if REFERENCE in names))
-    lines = ["TFLOP/s (ratio = attngen / peer)", head, "-" * len(head)]
+    pairs = [(a, b) for a, b in ratio_pairs(names) if a in names]
+    labels = [f"{_abbrev(a)}/{_abbrev(b)}" for a, b in pairs]
+    widths = [max(9, len(n) + 1) for n in names]
+    ratio_widths = [max(9, len(lb) + 1) for lb in labels]
+    head = (f"{'case':<18} {'mode':<7}" + "".join(f"{n:>{w}}" for n, w in zip(names, widths))
+            + "".join(f"{lb:>{w}}" for lb, w in zip(labels, ratio_widths)))
+    variants = [f"; {_abbrev(n)} = {n}" for n in names if is_attngen(n) and n != REFERENCE]
+    title = f"TFLOP/s (ratio = attngen / peer{''.join(variants)})"
+    lines = [title, head, "-" * len(head)]
     reasons = []
     for r in rows:
         cells = []
-        for n in names:
+        for n, width in zip(names, widths):
             v = r.tflops.get(n, "-")
             if isinstance(v, str):
                 if v != "-":
                     reasons.append(f"{r.case.name} {r.mode} {n}: {v}")
                 v = _SHORT.get(v.split(":")[0], "error")
             flag = "!" if r.check_ok.get(n) is False else ""
-            cells.append(f"{fmt_value(v) + flag:>9}")
+            cells.append(f"{fmt_value(v) + flag:>{width}}")
         ratios = r.ratios()
-        if REFERENCE in names:
-            cells += [_ratio_cell(ratios.get(f"{REFERENCE}/{n}")) for n in peers]
+        cells += [_ratio_cell(ratios.get(f"{a}/{b}"), w) for (a, b), w in zip(pairs, ratio_widths)]
         lines.append(f"{r.case.name:<18} {r.mode:<7}" + "".join(cells))
     if any(ok is False for r in rows for ok in r.check_ok.values()):
         lines.append("! = output differs from the reference by more than "

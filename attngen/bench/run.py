@@ -15,7 +15,8 @@ from typing import Callable, Sequence
 import torch
 
 from attngen.bench.cases import DTYPE_NAMES, Case, case_flops
-from attngen.bench.providers import REFERENCE, Inputs, Prepared, Provider, Unsupported, sync
+from attngen.bench.providers import (REFERENCE, Inputs, Prepared, Provider, Unsupported, is_attngen,
+                                     sync)
 
 TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
 # Max |out - attngen's out| above which a row's check is marked failed (informational, not fatal).
@@ -65,6 +66,13 @@ def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return max_err(a, b)
 
 
+def ratio_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """(numerator, denominator) of the ratios among `names`, in the order of Row.ratios."""
+    pairs = [(REFERENCE, n) for n in names if n != REFERENCE]
+    peers = [n for n in names if not is_attngen(n)]
+    return pairs + [(v, n) for v in names if v != REFERENCE and is_attngen(v) for n in peers]
+
+
 def _describe_error(exc: BaseException) -> str:
     first = (str(exc).strip().splitlines() or [""])[0]
     return f"error: {type(exc).__name__}: {first}"[:400]
@@ -86,13 +94,13 @@ class Row:
     notes: dict[str, str] = field(default_factory=dict)
 
     def ratios(self) -> dict[str, float | None]:
-        ours = self.tflops.get(REFERENCE)
+        """"attngen/<peer>" for every other provider, then "<variant>/<peer>" for attngen's
+        variants (attngen-sm80) over the non-attngen peers; None where either side has no number."""
         out = {}
-        for name, theirs in self.tflops.items():
-            if name == REFERENCE:
-                continue
+        for num, den in ratio_pairs(list(self.tflops)):
+            ours, theirs = self.tflops.get(num), self.tflops[den]
             ok = isinstance(ours, float) and isinstance(theirs, float) and theirs > 0
-            out[f"{REFERENCE}/{name}"] = round(ours / theirs, 3) if ok else None
+            out[f"{num}/{den}"] = round(ours / theirs, 3) if ok else None
         return out
 
     def as_json(self) -> dict:
@@ -151,7 +159,7 @@ def run_case(case: Case, mode: str, providers: Sequence[Provider], dtype: torch.
                 torch._dynamo.reset()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-        log(f"  {case.name:<18} {mode:<7} {prov.name:<8} {fmt_value(row.tflops[prov.name], 72)}")
+        log(f"  {case.name:<18} {mode:<7} {prov.name:<12} {fmt_value(row.tflops[prov.name], 72)}")
     return row
 
 

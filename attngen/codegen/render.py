@@ -80,7 +80,22 @@ def unspecialized_ints(spec: KernelSpec) -> tuple[str, ...]:
     return LENGTH_INTS + strides
 
 
-def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> dict:
+def column_tiles(spec: KernelSpec, which: str, policy: str = "split") -> list[dict]:
+    """The forward's head-dim tiles of `which` ("qk" / "v") as the templates use them: name suffix
+    ("" for a single tile, else its index), column offset, width (a power of two) and the columns
+    in use (fewer than width only in the last tile)."""
+    dim = spec.head_dim_qk if which == "qk" else spec.head_dim_v
+    tiles = spec.head_chunks(which, policy)
+    return [{"sfx": "" if len(tiles) == 1 else str(i), "off": off, "width": w, "used": min(w, dim - off)}
+            for i, (off, w) in enumerate(tiles)]
+
+
+def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,
+                     options: dict | None = None) -> dict:
+    """Everything the templates read. options: codegen choices for A/B runs
+    (benchmarks/fwd_ab.py): {"head_chunks": "split" | "pad"}; the build always uses the defaults."""
+    options = options or {}
+    policy = options.get("head_chunks", "split")
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {
@@ -97,6 +112,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "stamp": stamp,
         "pad_qk": spec.pad_qk,
         "pad_v": spec.pad_v,
+        "qk_tiles": column_tiles(spec, "qk", policy),
+        "v_tiles": column_tiles(spec, "v", policy),
         "int_params": unspecialized_ints(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
     }

@@ -41,19 +41,30 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "diag_offset": 0 if packed else mask.diag_offset(seqlen_q, seqlen_k),
         "window_left": mask.window_left, "window_right": mask.window_right,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
-        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
+        "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "LAZY_RESCALE": bool(cfg.lazy_rescale),
     }
     grid = programs(blocks, bh, "q") if rows and bh else 0
     descs = None
     if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and not packed and grid:
-        descs = tma_descriptors(
-            {"desc_q": ("Q", q), "desc_k": ("K", k), "desc_v": ("V", v), "desc_o": ("Out", out)},
-            {"desc_q": [1, 1, cfg.block_m, spec.pad_qk], "desc_k": [1, 1, cfg.block_n, spec.pad_qk],
-             "desc_v": [1, 1, cfg.block_n, spec.pad_v], "desc_o": [1, 1, cfg.block_m, spec.pad_v]})
+        descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out))
     if descs is not None and not values["OFFS_64"]:
         values["WARP_SPEC"] = bool(cfg.warp_specialize)
-        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, 5, descs)]
+        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, len(descs) + 1, descs)]
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
+
+
+def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
+    """The TMA kernel's descriptors, one per tensor and head-dim column tile (the module's QK_TILES
+    / V_TILES; one tile: desc_q, ...; two: desc_q0, desc_q1, ...): (views, block shapes)."""
+    views, blocks = {}, {}
+    for tiles, group in ((mod.QK_TILES, (("q", "Q", q, cfg.block_m), ("k", "K", k, cfg.block_n))),
+                         (mod.V_TILES, (("v", "V", v, cfg.block_n), ("o", "Out", out, cfg.block_m)))):
+        for i, (_, width) in enumerate(tiles):
+            sfx = "" if len(tiles) == 1 else str(i)
+            for short, name, tensor, rows in group:
+                views[f"desc_{short}{sfx}"] = (name, tensor)
+                blocks[f"desc_{short}{sfx}"] = [1, 1, rows, width]
+    return views, blocks
 
 
 def attn_fwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig) -> None:

@@ -7,6 +7,8 @@ Three ways in, one implementation:
   ops (attngen.runtime.ops), whose implementations use the same plans;
 * a miss validates the call (errors name the argument), picks kernel and config
   (attngen.runtime.dispatch) and builds the plan.
+Every plan key ends with dispatch.override() (None, or the target a `forced_target` scope imposes):
+with the device, it fixes the kernel target, so a plan never serves a call of another target.
 Nothing on the traced path takes a lock, reads the environment or writes tensor attributes.
 """
 
@@ -356,7 +358,7 @@ _FAST = PlanCache()  # attention()'s own argument key -> ForwardPlan (the eager 
 
 def _fwd_key(q, k, v, opts, cu_q, max_q, max_k):
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
-            None if cu_q is None else cu_q.shape, max_q, max_k)
+            None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override())
 
 
 def forward_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0) -> ForwardPlan:
@@ -381,7 +383,7 @@ def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, c
         dout = dout.contiguous() if out.is_contiguous() else torch.empty_like(out).copy_(dout)
     key = (dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            out.stride(), q.dtype, q.device, opts, deterministic,
-           None if cu_q is None else cu_q.shape, max_q, max_k)
+           None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override())
     plan = _BWD.get(key)
     if plan is None:
         plan = _BWD.put(key, BackwardPlan(dout, q, k, v, out, lse, opts, deterministic, cu_q, cu_k,
@@ -413,7 +415,8 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     if not compiling:
         try:  # the fast path: a warm call is this lookup, two allocations and the launches
             key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
-                   v.dtype, q.device, layout, causal, window_size, softcap, scale, causal_alignment)
+                   v.dtype, q.device, layout, causal, window_size, softcap, scale, causal_alignment,
+                   dispatch.override())
             plan = _FAST.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = plan = None

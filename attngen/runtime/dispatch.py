@@ -1,5 +1,9 @@
 """Call -> (KernelSpec, launch config). Pure Python: runs on a plan miss only, never per call.
 
+The kernel target is the device's own (sm90 on Hopper, sm80 on Ampere/Ada and the CPU interpreter)
+unless a `forced_target(...)` scope says otherwise; the plan caches key on that override
+(`override()`), so a plan made under one target is never reused under another.
+
 Config order: the tuning database's winner for (kernel, device class, shape bucket), else its
 nearest tuned bucket (attngen.tuning.winners), else the family's default table
 (attngen.tuning.space). The database is read once per process, lazily.
@@ -7,24 +11,63 @@ nearest tuned bucket (attngen.tuning.winners), else the family's default table
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+from typing import Iterator
 
 import torch
 
 from attngen.families import family
-from attngen.spec import KernelSpec
+from attngen.spec import TARGETS, KernelSpec
 from attngen.tuning.buckets import ShapeBucket
 from attngen.tuning.devices import CPU_CLASS, class_of_capability
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def device_target(device: torch.device) -> str:
-    """Kernel target of a device: sm90 for Hopper, sm80 for Ampere/Ada and for the CPU interpreter."""
+_forced: str | None = None  # the target of the innermost forced_target scope (process-wide)
+
+
+def override() -> str | None:
+    """The target a `forced_target` scope imposes, else None. Part of every plan-cache key."""
+    return _forced
+
+
+@contextlib.contextmanager
+def forced_target(target: str) -> Iterator[None]:
+    """Within this scope, calls that build a plan use `target`'s kernel family instead of the
+    device's own: e.g. `forced_target("sm80")` runs the sm80 family (pointer kernels) on a Hopper
+    GPU, as `attngen bench`'s `attngen-sm80` provider does. Process-wide (not per thread: the
+    autograd engine runs backwards on threads of its own), restored on exit, exceptions included;
+    nests. Plans are cached per override, so warm calls stay one lookup and never cross targets.
+    "sm90" needs an sm90 GPU (or the CPU interpreter)."""
+    global _forced
+    if target not in TARGETS:
+        raise ValueError(f"target: must be one of {', '.join(TARGETS)}, got {target!r}")
+    before, _forced = _forced, target
+    try:
+        yield
+    finally:
+        _forced = before
+
+
+def native_target(device: torch.device) -> str:
+    """Kernel target of the device itself: sm90 for Hopper, sm80 for Ampere/Ada and for the CPU
+    interpreter."""
     if device.type != "cuda":
         return "sm80"
     return _capability_target(*_capability(_index(device)))
+
+
+def device_target(device: torch.device) -> str:
+    """Kernel target of a call on `device`: the forced_target scope's, else native_target's."""
+    native = native_target(device)
+    if _forced is None or _forced == native:
+        return native
+    if _forced == "sm90" and device.type == "cuda":
+        raise ValueError(f"q: forced_target('sm90') needs an sm90 GPU; {device} is {native}-family")
+    return _forced
 
 
 def _index(device: torch.device) -> int:

@@ -24,6 +24,11 @@ class FwdConfig:
     # the TMA loads, consumer warps compute; needs tma, and runs the mask stages as one loop)
     tma: bool = False
     warp_specialize: bool = False
+    # online softmax: move a row's running max only when it grows by more than 8 (log2 domain) and
+    # rescale the accumulator only when some row's max moved (exact: O and lse share the max). On
+    # the H200 it won with 128x128 TMA tiles and lost with the pointer kernel
+    # (h200_ab_softmax_2026-11-30.json)
+    lazy_rescale: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -63,7 +68,8 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
     """Shared-memory need (2-byte elements): the Q tile once, K and V tiles per pipeline stage.
     Matches what Triton 3.6 asked for on the H200 sweeps to the byte (hd128 64x128 s4: 278528,
     128x128 s4: 294912; hd256 64x128 s2: 294912; h200_sweep*_2026-11-30.json)."""
-    dqk, dv = next_pow2(spec.head_dim_qk), next_pow2(spec.head_dim_v)
+    dqk = sum(w for _, w in spec.head_chunks("qk"))
+    dv = sum(w for _, w in spec.head_chunks("v"))
     return 2 * (cfg.block_m * dqk + cfg.num_stages * cfg.block_n * (dqk + dv))
 
 
@@ -96,7 +102,7 @@ def bwd_smem_bytes(spec: KernelSpec, cfg: BwdConfig) -> tuple[int, int]:
     Q and dO tiles per stage, fp32 LSE and delta rows per extra stage; dQ: its Q and dO tiles once,
     K and V tiles per stage. Both match Triton 3.6 on the H200 split sweep to the byte (dK/dV
     128x128 s3: 264192; dQ 128x128 s3: 262144; h200_sweep_split_2026-11-30.json)."""
-    d = next_pow2(spec.head_dim_qk) + next_pow2(spec.head_dim_v)
+    d = sum(w for _, w in spec.head_chunks("qk")) + sum(w for _, w in spec.head_chunks("v"))
     dkdv = 2 * d * (cfg.block_n + cfg.num_stages * cfg.block_m) + 8 * (cfg.num_stages - 1) * cfg.block_m
     dq = 2 * d * (cfg.dq_block_m + cfg.dq_num_stages * cfg.dq_block_n)
     return dkdv, dq
@@ -131,6 +137,7 @@ FWD_SPACE: dict[str, tuple] = {
     "block_n": (32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (1, 2, 3, 4),
+    "lazy_rescale": (False, True),
 }
 BWD_SPACE: dict[str, tuple] = {
     "block_m": (32, 64, 128),
@@ -216,22 +223,24 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
 
 
 def _sm90_fwd_default(spec: KernelSpec, d: int, seqlen_q: int) -> FwdConfig:
-    """The sm90 family's dense forward, from the H200 probe (bf16 TFLOP/s, best config vs the
-    pointer kernel's default; benchmarks/results/h200_hopper_probe_2026-11-30.json): TMA wins on
-    masked and long cases, hd64 391 vs 373, causal S4096 471 vs 436, a 1024-key window 424 vs 376,
-    hd256 454 vs 400, hd96 338 vs 321, causal S16384 (128x128) 504 vs 490; the full mask keeps the
-    pointer kernel (500 vs 495). Warp specialization lost everywhere (and is not a default)."""
+    """The sm90 family's dense forward, from the H200 config A/B (bf16 TFLOP/s, same run;
+    benchmarks/results/h200_ab_configs_2026-11-30.json): 64x64 TMA tiles with 3 stages won on every
+    hd128 case (full 532 vs 500 for the pointer kernel's 128x64; causal S4096 470; causal S16384
+    513; GQA 491, 503 with lazy rescaling; a 1024-key window 433) and hd64 (404); the split head
+    dims want longer query tiles or fewer stages: hd80 (64 + 16) 64x64 2 stages 410, hd96 (64 + 32)
+    128x64 439, hd192 (128 + 64) 128x64 473; hd256 64x64 with lazy rescaling 465 (445 without).
+    Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default."""
     if d <= 64:
-        return FwdConfig(64, 64, 4, 2, tma=True)
-    if d > 128:
         return FwdConfig(64, 64, 4, 3, tma=True)
-    if spec.mask == "none":
-        return FwdConfig(128, 64, 8, 3)
-    if spec.mask == "causal" and seqlen_q >= 8192:
-        return FwdConfig(128, 128, 8, 3, tma=True)
-    if spec.head_dim_qk != 128:  # padded (80, 96): the larger tile amortizes the padding
-        return FwdConfig(128, 128, 8, 3, tma=True)
-    return FwdConfig(64, 64, 4, 3, tma=True)
+    if d <= 80:
+        return FwdConfig(64, 64, 4, 2, tma=True)
+    if d < 128:
+        return FwdConfig(128, 64, 8, 3, tma=True)
+    if d == 128:
+        return FwdConfig(64, 64, 4, 3, tma=True)
+    if d <= 192:
+        return FwdConfig(128, 64, 8, 3, tma=True)
+    return FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True)
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:

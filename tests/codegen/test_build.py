@@ -213,7 +213,7 @@ def head_dim_masks(module: ast.Module) -> set[tuple[str, int]]:
     out = set()
     for n in ast.walk(module):
         if (isinstance(n, ast.Compare) and isinstance(n.left, ast.Subscript)
-                and isinstance(n.left.value, ast.Name) and n.left.value.id in ("offs_dqk", "offs_dv")
+                and isinstance(n.left.value, ast.Name) and n.left.value.id.startswith(("offs_dqk", "offs_dv"))
                 and isinstance(n.comparators[0], ast.Constant)):
             out.add((n.left.value.id, n.comparators[0].value))
     return out
@@ -268,16 +268,52 @@ def test_window_left_only_for_sliding_window(rendered):
         assert bool(compares_with(fns["_attn_fwd_inner"], "window_right")) == (ks.mask != "none"), ks.uri
 
 
-def test_head_dim_padding_masks_only_for_non_power_of_two(rendered):
+def tile_widths(fn: ast.FunctionDef, prefix: str) -> dict[str, int]:
+    """{name: W} of every `offs_d<...> = tl.arange(0, W)` in `fn` whose name starts with prefix."""
+    out = {}
+    for n in ast.walk(fn):
+        if (isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+                and n.targets[0].id.startswith(prefix) and calls(n.value, "tl.arange")):
+            out[n.targets[0].id] = n.value.args[1].value
+    return out
+
+
+@pytest.mark.parametrize("dim,widths,masks", [
+    (64, [64], set()), (128, [128], set()), (256, [256], set()),
+    (80, [64, 16], set()), (96, [64, 32], set()), (192, [128, 64], set()), (160, [128, 32], set()),
+    (72, [64, 16], {("offs_dqk1", 8), ("offs_dv1", 8)}),  # the last tile masked past the head dim
+    (59, [64], {("offs_dqk", 59), ("offs_dv", 59)}),
+    (112, [128], {("offs_dqk", 112), ("offs_dv", 112)}),  # 64 + 32 + 16 would be three tiles: padded
+])
+def test_forward_head_dim_tiles(dim, widths, masks):
+    """Forward and backward hold a head dim as one power-of-two tile or two (no matmul on
+    padding), and mask columns only past the head dim; the dots follow the tiles (one Q.K^T term
+    per Q/K tile, one P.V per V tile; in the backward every product per tile) in the pointer, TMA,
+    dK/dV and dQ kernels."""
+    for target in ("sm80", "sm90"):
+        ks = spec(head_dim_qk=dim, head_dim_v=dim, target=target)
+        mod = ast.parse(render(ks))
+        fns = functions(mod)
+        assert sorted(tile_widths(fns["_attn_fwd"], "offs_dqk").values(), reverse=True) == widths, ks.uri
+        assert sorted(tile_widths(fns["_attn_fwd"], "offs_dv").values(), reverse=True) == widths, ks.uri
+        assert head_dim_masks(mod) == masks, ks.uri
+        for inner in ("_attn_fwd_inner", "_attn_fwd_tma_inner") if target == "sm90" else ("_attn_fwd_inner",):
+            assert len(calls(fns[inner], "tl.dot")) == 2 * len(widths), f"{ks.uri} {inner}"
+        assert ks.head_chunks("qk") == tuple(zip(itertools.accumulate([0] + widths[:-1]), widths))
+        bwd = functions(ast.parse(render(ks.replace(family="bwd"))))
+        n = len(widths)
+        for kernel in ("_attn_bwd_dkdv", "_attn_bwd_dq"):
+            assert sorted(tile_widths(bwd[kernel], "offs_dqk").values(), reverse=True) == widths, ks.uri
+        # dK/dV pass: S^T, dV, dP^T, dK and the atomic dQ per tile; dQ pass: S, dP, dQ
+        assert len(calls(bwd["_attn_bwd_dkdv_inner"], "tl.dot")) == 5 * n, ks.uri
+        assert len(calls(bwd["_attn_bwd_dq_inner"], "tl.dot")) == 3 * n, ks.uri
+
+
+def test_head_dim_padding_masks_only_for_non_multiples_of_16(rendered):
+    """Every MATRIX head dim is a multiple of 16: the forward splits 80 / 96 / 192 into tiles and
+    masks no column."""
     for ks, mod in rendered:
-        expected = set()
-        if ks.head_dim_qk & (ks.head_dim_qk - 1):
-            expected.add(("offs_dqk", ks.head_dim_qk))
-        if ks.head_dim_v & (ks.head_dim_v - 1):
-            expected.add(("offs_dv", ks.head_dim_v))
-        assert head_dim_masks(mod) == expected, ks.uri
-    padded = {bound for _, mod in rendered for _, bound in head_dim_masks(mod)}
-    assert padded == {80, 96, 192}
+        assert head_dim_masks(mod) == set(), ks.uri
 
 
 def test_varlen_code_only_for_varlen(rendered):
@@ -321,12 +357,11 @@ def test_bwd_structure(rendered_bwd):
         assert [ast.literal_eval(lp.iter.args[0]) for lp in loops] == [ks.gqa_ratio], ks.uri
         cu = [c for c in calls(mod, "tl.load") if any(is_name(x, "cu_seqlens_k") for x in ast.walk(c))]
         assert bool(cu) == ks.varlen, ks.uri
-        expected = set()
-        if ks.head_dim_qk & (ks.head_dim_qk - 1):
-            expected.add(("offs_dqk", ks.head_dim_qk))
-        if ks.head_dim_v & (ks.head_dim_v - 1):
-            expected.add(("offs_dv", ks.head_dim_v))
+        # the dK/dV and dQ kernels hold head dims in column tiles (no padding for MATRIX's
+        # multiples of 16); only the D = rowsum(dO * O) preprocess pads dO / O to pad_v
+        expected = {("offs_dv", ks.head_dim_v)} if ks.head_dim_v & (ks.head_dim_v - 1) else set()
         assert head_dim_masks(mod) == expected, ks.uri
+        assert head_dim_masks(fns["_attn_bwd_preprocess"]) == expected, ks.uri
 
 
 # --------------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ flash-attn accuracy rule against float64, every output written, and golden outpu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -37,10 +38,11 @@ def run_case(spec, path, case, seed, cfg=TEST_CONFIG):
 
 def config_for(spec, i):
     """The sm90 family's dense kernels run their TMA kernel here (their pointer kernel is the sm80
-    code, tested there), with and without warp specialization (cases alternate)."""
+    code, tested there), with and without warp specialization; lazy rescaling alternates too
+    (cases alternate)."""
     if spec.target == "sm90":
-        return FwdConfig(32, 32, 4, 1, tma=True, warp_specialize=i % 2 == 1)
-    return TEST_CONFIG
+        return FwdConfig(32, 32, 4, 1, tma=True, warp_specialize=i % 2 == 1, lazy_rescale=i % 2 == 0)
+    return dataclasses.replace(TEST_CONFIG, lazy_rescale=i % 2 == 1)
 
 
 @pytest.mark.parametrize("spec,path", KERNELS, ids=[s.uri for s, _ in KERNELS])

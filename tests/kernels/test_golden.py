@@ -30,7 +30,7 @@ def _perturbed(path, tmp_path, old, new):
 
 @pytest.mark.parametrize("old,new", [
     # a softmax scale 0.2 % off
-    ("s = qk * qk_scale", "s = qk * (qk_scale * 1.002)"),
+    ("p = tl.math.exp2(qk * qk_scale - m_use", "p = tl.math.exp2(qk * (qk_scale * 1.002) - m_use"),
     # the diagonal key dropped from the causal mask
     ("(diag_offset + window_right)", "(diag_offset + window_right - 1)"),
 ], ids=["scale", "diagonal"])

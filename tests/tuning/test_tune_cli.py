@@ -194,7 +194,7 @@ def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
     time.sleep(0.2)  # most likely inside the fake timer's sleep, or the next trial's launch
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    assert p.returncode == 130, (out[-3000:], err)
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
     before = check_consistent(db)
     assert 3 <= len({json.dumps(t["config"]) for t in before if t["status"] != "invalid"}) < 10

@@ -1,0 +1,148 @@
+"""A/B of forward kernels on the GPU: the same cases over launch configs and codegen options,
+each variant rendered from the current templates, timed side by side with cuDNN in one process
+(median of triton.testing.do_bench; every output checked against SDPA in fp32 first).
+
+    python3 benchmarks/fwd_ab.py --out ab.json                         # configs only
+    python3 benchmarks/fwd_ab.py --out ab.json --switch head_chunks=split,pad --cases 7,8,9
+
+--switch name=v1,v2 renders each value of a codegen option (attngen.codegen.render.template_context
+options; head_chunks: split head dims into two power-of-two column tiles, or pad to one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from attngen import env
+from attngen.codegen.render import _environment, template_context, template_name
+from attngen.kernels.common import MaskArgs, mask_kind
+from attngen.kernels.fwd import attn_fwd
+from attngen.runtime import loader
+from attngen.spec import KernelSpec
+from attngen.tuning.space import FwdConfig, check_fwd, default_fwd_config
+
+CASES = [  # name, B, Hq, Hkv, S, D, causal, window
+    ("full B4 H16 S4096 hd128", 4, 16, 16, 4096, 128, False, None),
+    ("causal B4 H16 S4096 hd128", 4, 16, 16, 4096, 128, True, None),
+    ("causal B1 H16 S16384 hd128", 1, 16, 16, 16384, 128, True, None),
+    ("gqa32/8 causal B1 S8192 hd128", 1, 32, 8, 8192, 128, True, None),
+    ("causal B4 H32 S4096 hd64", 4, 32, 32, 4096, 64, True, None),
+    ("window1024 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 1024),
+    ("causal B2 H16 S4096 hd256", 2, 16, 16, 4096, 256, True, None),
+    ("causal B4 H32 S4096 hd96", 4, 32, 32, 4096, 96, True, None),
+    ("causal B4 H32 S4096 hd80", 4, 32, 32, 4096, 80, True, None),
+    ("causal B4 H16 S4096 hd192", 4, 16, 16, 4096, 192, True, None),
+]
+EXTRA = [FwdConfig(bm, bn, w, 3, tma=True, lazy_rescale=lazy)
+         for bm, bn, w in ((64, 64, 4), (128, 128, 8), (128, 64, 8)) for lazy in (False, True)]
+EXTRA += [FwdConfig(128, 64, 8, 3), FwdConfig(64, 64, 4, 2, tma=True), FwdConfig(128, 64, 8, 2, tma=True)]
+
+
+def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
+    root = env.templates_dir()
+    ctx = template_context(spec, (), root, options=switch)
+    text = _environment(str(root)).get_template(template_name(spec)).render(**ctx)
+    tag = "_".join(f"{k}-{v}" for k, v in switch.items())
+    path = tmp / f"{spec.uri}__{tag}.py"
+    path.write_text("\n".join(line.rstrip() for line in text.splitlines()) + "\n")
+    return loader.load_path(path)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default=None, help="comma-separated case indices")
+    ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
+    ap.add_argument("--configs", default="default,extra", help="default | default,extra")
+    args = ap.parse_args()
+    variants = [{}]
+    for sw in args.switch:
+        name, values = sw.split("=", 1)
+        variants = [{**v, name: val} for v in variants for val in values.split(",")]
+    picks = [int(i) for i in args.cases.split(",")] if args.cases else range(len(CASES))
+    tmp = Path(tempfile.mkdtemp(prefix="attngen_ab_"))
+    rows = []
+    for ci in picks:
+        name, B, hq, hkv, S, D, causal, window = CASES[ci]
+        g = torch.Generator(device="cuda").manual_seed(ci)
+        q = torch.randn(B, hq, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B, hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        wsz = (window - 1, 0) if window else (-1, -1)
+        mask, wl, wr = mask_kind(causal, wsz)
+        spec = KernelSpec("fwd", "bf16", "sm90", D, D, hq // hkv, mask)
+        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
+                         align_top_left=False)
+        pairs = S * S if not causal else (S * (S + 1) / 2 if not window else S * window)
+        flops = 4 * B * hq * pairs * D
+        ke, ve = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+        amask = None
+        if window:
+            i = torch.arange(S, device="cuda")
+            amask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - window)
+        ref = F.scaled_dot_product_attention(q[:1, :2].float(), ke[:1, :2].float(), ve[:1, :2].float(),
+                                             is_causal=causal and amask is None, attn_mask=amask)
+        row = {"case": name, "results": []}
+        if not window:
+            try:
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    fn = lambda: F.scaled_dot_product_attention(q, ke, ve, is_causal=causal)  # noqa: E731
+                    row["cudnn_tflops"] = flops / triton.testing.do_bench(
+                        fn, warmup=10, rep=50, return_mode="median") / 1e9
+            except Exception as exc:  # noqa: BLE001
+                row["cudnn_error"] = str(exc)[:200]
+        out = torch.empty_like(q)
+        lse = torch.empty(B, hq, S, device="cuda")
+        cfgs = [default_fwd_config(spec, "cuda", S)]
+        if "extra" in args.configs:
+            cfgs += [c for c in EXTRA if c != cfgs[0]]
+        for sw in variants:
+            try:
+                mod = render_variant(spec, sw, tmp) if sw else loader.load(spec)
+            except Exception as exc:  # noqa: BLE001
+                row["results"].append({"switch": sw, "error": f"render: {exc}"[:300]})
+                continue
+            for cfg in cfgs:
+                rec = {"switch": sw, "config": cfg.as_dict()}
+                why = check_fwd(spec, cfg)
+                if why:
+                    rec["invalid"] = why
+                    row["results"].append(rec)
+                    continue
+                try:
+                    run = lambda: attn_fwd(mod, spec, q, k, v, out, lse, margs, cfg)  # noqa: E731
+                    out.fill_(float("nan"))
+                    run()
+                    torch.cuda.synchronize()
+                    err = (out[:1, :2].float() - ref).abs().max().item()
+                    rec["max_err"] = err
+                    if not err < 2e-2:
+                        rec["error"] = f"wrong result: max err {err}"
+                    else:
+                        ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+                        rec["tflops"] = flops / ms / 1e9
+                        if "cudnn_tflops" in row:
+                            rec["ratio_cudnn"] = rec["tflops"] / row["cudnn_tflops"]
+                except Exception as exc:  # noqa: BLE001
+                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                row["results"].append(rec)
+                print(name, rec, flush=True)
+        rows.append(row)
+        del q, k, v, ke, ve, out, lse
+        torch.cuda.empty_cache()
+        with open(args.out, "w") as fh:
+            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "switches": args.switch, "rows": rows}, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
