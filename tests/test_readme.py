@@ -73,23 +73,24 @@ def half_up(x: float) -> int:
 
 
 def test_benchmark_table_is_the_committed_results():
-    runs = {m: json.loads((REPO_ROOT / f"benchmarks/results/h200_bench_{m}_2026-11-30.json").read_text())
-            for m in ("fwd", "fwdbwd")}
+    run = json.loads((REPO_ROOT / "benchmarks/results/h200_bench_both_tiles_2026-11-30.json").read_text())
     lines = README[README.index("## Benchmarks"):].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| case"))
-    table = []  # the first table after the heading (later tables are other runs)
+    table = []  # the first table after the heading (later tables are other views)
     for line in lines[first + 2:]:
         if not line.startswith("| "):
             break
         table.append(line)
-    providers = ("attngen", "cudnn", "fa2", "flex")
+    providers = ("attngen", "attngen-sm80", "cudnn", "fa2", "flex")
 
     def cells(row: dict) -> str:
         return " / ".join(str(half_up(row["tflops"][p])) if isinstance(row["tflops"][p], float) else "–"
                           for p in providers)
 
-    want = [f"{cells(a)} | {cells(b)}" for a, b in zip(runs["fwd"]["rows"], runs["fwdbwd"]["rows"], strict=True)]
-    got = [" | ".join(c.strip() for c in line.strip("|").split("|")[1:]) for line in table]
+    fwd = [r for r in run["rows"] if r["mode"] == "fwd"]
+    fwdbwd = [r for r in run["rows"] if r["mode"] == "fwdbwd"]
+    want = [f"`{a['case']}` | {cells(a)} | {cells(b)}" for a, b in zip(fwd, fwdbwd, strict=True)]
+    got = [" | ".join(c.strip() for c in line.strip("|").split("|")) for line in table]
     assert got == want
 
 
@@ -106,8 +107,7 @@ def test_case_tables_are_the_bench_cases(doc):
 
 def test_images_exist():
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)
-    assert any(p.endswith("h200_bench_fwd_2026-11-30.png") for p in images)
-    assert any(p.endswith("h200_bench_fwdbwd_2026-11-30.png") for p in images)
+    assert any(p.endswith("h200_bench_both_tiles_2026-11-30.png") for p in images)
     for path in images:
         data = (REPO_ROOT / path).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), path
