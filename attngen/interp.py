@@ -5,6 +5,11 @@ patterns as integers, so any bf16 dot is wrong there (fp16/fp32/fp8 dots are rig
 below converts bf16 dot operands to fp32 first -- the same math the tensor cores do (bf16 products
 are exact in fp32, accumulation in fp32). It touches only the interpreter's ``create_dot`` and is
 applied by the runtime before running a kernel through the interpreter.
+
+The interpreter also has no tensor-descriptor reduce (``desc.atomic_add``, a TMA reduce-add on
+sm90; the sm90 backward adds dQ tiles that way): ``patch_bf16_dot`` adds it as an element-wise
+atomic add over the descriptor's block (rows and columns past the tensor's end masked off, as the
+copy engine clips them), so those kernels run in the CPU tests too.
 """
 
 from __future__ import annotations
@@ -35,7 +40,19 @@ def patch_bf16_dot() -> None:
 
     create_dot._attngen_patched = True
     ti.InterpreterBuilder.create_dot = create_dot
+    if not hasattr(ti.InterpreterBuilder, "create_descriptor_reduce"):
+        ti.InterpreterBuilder.create_descriptor_reduce = _create_descriptor_reduce
     _PATCHED = True
+
+
+def _create_descriptor_reduce(self, kind, desc, value, indices):
+    from triton._C.libtriton import ir
+
+    if kind != ir.DESCRIPTOR_REDUCE_KIND.ADD:
+        raise NotImplementedError(f"attngen's interpreter patch has only the add reduce, not {kind}")
+    ptrs, mask = desc.materialize_pointers(indices)
+    op = ir.ATOMIC_OP.FADD if value.dtype.scalar.is_floating() else ir.ATOMIC_OP.ADD
+    return self.create_atomic_rmw(op, ptrs, value, mask, ir.MEM_SEMANTIC.RELAXED, ir.MEM_SYNC_SCOPE.GPU)
 
 
 def _bf16_to_f32(h):

@@ -1,14 +1,16 @@
-"""A/B of the backward's head-dim tiles on the GPU: each case's backward (preprocess, dK/dV, dQ)
-with the head dim held as two power-of-two tiles (split) or one padded tile (pad), same inputs and
-config, median of triton.testing.do_bench; gradients checked against PyTorch (fp32 math) first.
-TFLOP/s count 2.5x the forward's FLOPs (the backward's five matmuls).
+"""A/B of backward kernels on the GPU, backward only (preprocess, dK/dV, dQ), median of
+triton.testing.do_bench; gradients checked against PyTorch (fp32 math) first. TFLOP/s count 2.5x
+the forward's FLOPs (the backward's five matmuls).
 
-    python3 benchmarks/bwd_ab.py --out bwd_ab.json
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json               # head-dim tiles: split vs pad
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json --configs     # launch configs (dQ pass, atomics,
+                                                                 # TMA reduce-add) per case
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -24,48 +26,79 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import default_bwd_config, default_fwd_config
+from attngen.tuning.space import BwdConfig, check_bwd, default_bwd_config, default_fwd_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fwd_ab import render_variant  # noqa: E402
 
-CASES = [  # name, B, H, S, D (causal, GQA 1)
-    ("causal B4 H32 S4096 hd80", 4, 32, 4096, 80),
-    ("causal B4 H32 S4096 hd96", 4, 32, 4096, 96),
-    ("causal B4 H16 S4096 hd192", 4, 16, 4096, 192),
+CASES = [  # name, B, Hq, Hkv, S, D, causal
+    ("causal B4 H32 S4096 hd80", 4, 32, 32, 4096, 80, True),
+    ("causal B4 H32 S4096 hd96", 4, 32, 32, 4096, 96, True),
+    ("causal B4 H16 S4096 hd192", 4, 16, 16, 4096, 192, True),
 ]
+CONFIG_CASES = [
+    ("causal B4 H16 S4096 hd128", 4, 16, 16, 4096, 128, True),
+    ("full B4 H16 S4096 hd128", 4, 16, 16, 4096, 128, False),
+    ("gqa32/8 causal B1 S8192 hd128", 1, 32, 8, 8192, 128, True),
+    ("causal B4 H32 S4096 hd64", 4, 32, 32, 4096, 64, True),
+    ("causal B4 H32 S4096 hd96", 4, 32, 32, 4096, 96, True),
+    ("causal B2 H16 S4096 hd256", 2, 16, 16, 4096, 256, True),
+]
+
+
+def config_variants(spec):
+    """The default (separate dQ pass), pointer atomics, and the TMA reduce-add over a few dK/dV
+    tiles."""
+    d = default_bwd_config(spec)
+    out = [d, dataclasses.replace(d, atomic_dq=True), dataclasses.replace(d, atomic_dq=True, tma_dq=True)]
+    for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2), (64, 64, 4, 3)):
+        out.append(dataclasses.replace(d, block_m=bm, block_n=bn, num_warps=w, num_stages=s,
+                                       atomic_dq=True, tma_dq=True))
+    out.append(dataclasses.replace(d, block_m=32, block_n=64, num_warps=4, num_stages=2))
+    return [c for c in out if check_bwd(spec, c) is None]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--configs", action="store_true", help="launch configs instead of head-dim tiles")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="attngen_bwd_ab_"))
     rows = []
-    for name, B, H, S, D in CASES:
+    for name, B, H, Hkv, S, D, causal in (CONFIG_CASES if args.configs else CASES):
         g = torch.Generator(device="cuda").manual_seed(D)
-        q, k, v, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g)
-                         for _ in range(4))
-        fspec = KernelSpec("fwd", "bf16", "sm90", D, D, 1, "causal")
+        q, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+        mask = "causal" if causal else "none"
+        fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, mask)
         bspec = fspec.replace(family="bwd")
-        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=-1, window_right=0,
+        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=-1, window_right=0 if causal else -1,
                          align_top_left=False)
         out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
         attn_fwd(loader.load(fspec), fspec, q, k, v, out, lse, margs, default_fwd_config(fspec, "cuda", S))
-        sub = [t[:1, :2].float().requires_grad_(True) for t in (q, k, v)]
-        ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=True), sub, dout[:1, :2].float())
-        flops = 2.5 * 4 * B * H * (S * S / 2) * D
-        cfg = default_bwd_config(bspec)
-        row = {"case": name, "config": cfg.as_dict(), "results": []}
-        for policy in ("split", "pad"):
-            rec = {"head_chunks": policy}
+        r = H // Hkv
+        sub = [q[:1, :2].float(), k[:1, :2 // r or 1].float(), v[:1, :2 // r or 1].float()]
+        sub = [sub[0]] + [t.repeat_interleave(2 // t.shape[1], 1) for t in sub[1:]]
+        sub = [t.requires_grad_(True) for t in sub]
+        ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
+        flops = 2.5 * 4 * B * H * (S * S / (2 if causal else 1)) * D
+        variants = ([({}, c) for c in config_variants(bspec)] if args.configs
+                    else [({"head_chunks": p}, default_bwd_config(bspec)) for p in ("split", "pad")])
+        row = {"case": name, "results": []}
+        for switch, cfg in variants:
+            rec = {"switch": switch, "config": cfg.as_dict()}
             try:
-                mod = render_variant(bspec, {"head_chunks": policy}, tmp)
-                dq, dk, dv = (torch.full_like(q, float("nan")) for _ in range(3))
-                run = lambda: attn_bwd(mod, bspec, q, k, v, out, dout, lse, dq, dk, dv, margs, cfg, True)  # noqa: E731
+                mod = render_variant(bspec, switch, tmp) if switch else loader.load(bspec)
+                dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+                run = lambda: attn_bwd(mod, bspec, q, k, v, out, dout, lse, dq, dk, dv, margs, cfg, False)  # noqa: E731
                 run()
                 torch.cuda.synchronize()
-                rec["max_err"] = max((a[:1, :2].float() - r).abs().max().item() for a, r in zip((dq, dk, dv), ref))
+                got = (dq[:1, :2], dk[:1, :1] if r > 1 else dk[:1, :2], dv[:1, :1] if r > 1 else dv[:1, :2])
+                want = (ref[0], ref[1].sum(1, keepdim=True) if r > 1 else ref[1],
+                        ref[2].sum(1, keepdim=True) if r > 1 else ref[2])
+                # GQA: the reference's dK/dV of the first KV head sums its query heads (2 of r here)
+                rec["max_err"] = max((a.float() - w).abs().max().item() for a, w in zip(got[:1], want[:1])) if r > 1 \
+                    else max((a.float() - w).abs().max().item() for a, w in zip(got, want))
                 if not rec["max_err"] < 5e-2:
                     rec["error"] = f"wrong result: max err {rec['max_err']}"
                 else:
@@ -76,6 +109,8 @@ def main():
             row["results"].append(rec)
             print(name, rec, flush=True)
         rows.append(row)
+        del q, k, v, dout, out, lse
+        torch.cuda.empty_cache()
         with open(args.out, "w") as fh:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "triton": triton.__version__, "rows": rows}, fh, indent=1)

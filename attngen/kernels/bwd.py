@@ -8,7 +8,7 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
+from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4, tma_descriptors
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig
 
@@ -53,15 +53,31 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
                {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m},
                4, 1, 4),
-        Launch(mod._attn_bwd_dkdv, programs(n_blocks, bk, "k") if ok else 0,
-               {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
-                "BLOCK_N": cfg.block_n}, cfg.num_warps, cfg.num_stages, 11),
+        _dkdv_launch(mod, cfg, atomic, packed or wide, dq, programs(n_blocks, bk, "k") if ok else 0,
+                     {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
+                      "BLOCK_N": cfg.block_n}),
     ]
     if not atomic:
         launches.append(Launch(mod._attn_bwd_dq, programs(dq_blocks, bq, "q") if ok else 0,
                                {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m,
                                 "BLOCK_N": cfg.dq_block_n}, cfg.dq_num_warps, cfg.dq_num_stages, 9))
     return launches
+
+
+def _dkdv_launch(mod: ModuleType, cfg: BwdConfig, atomic: bool, no_tma: bool, dq, grid: int,
+                 values: dict) -> Launch:
+    """The dK/dV launch: the TMA reduce-add variant (sm90 dense, cfg.tma_dq with atomics; dq is the
+    fp32 accumulator, one descriptor per head-dim tile of the module's QK_TILES) where it applies
+    and dq's rows are 16-byte aligned for the copy engine, else the pointer kernel."""
+    if atomic and getattr(cfg, "tma_dq", False) and not no_tma and hasattr(mod, "_attn_bwd_dkdv_tma") and grid:
+        tiles = mod.QK_TILES
+        names = ["desc_dq" if len(tiles) == 1 else f"desc_dq{i}" for i in range(len(tiles))]
+        descs = tma_descriptors({n: ("DQ", dq) for n in names},
+                                {n: [1, 1, cfg.block_m, w] for n, (_, w) in zip(names, tiles)})
+        if descs is not None:
+            return Launch(mod._attn_bwd_dkdv_tma, grid, values, cfg.num_warps, cfg.num_stages,
+                          len(descs) + 10, descs)
+    return Launch(mod._attn_bwd_dkdv, grid, values, cfg.num_warps, cfg.num_stages, 11)
 
 
 def attn_bwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk, dv,

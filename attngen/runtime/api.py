@@ -330,6 +330,8 @@ class BackwardPlan:
         launches = bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
                                 dvv, opts.mask_args, self.config, self.atomic, cu_q, cu_k, max_q, max_k)
         self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu") for la in launches]
+        # the TMA dK/dV kernel's dQ descriptors (over the fp32 accumulator, allocated per call)
+        self.descriptors = next((la.descriptors for la in launches if la.descriptors), None)
 
     def _buffers(self, q, k, v, lse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -344,6 +346,8 @@ class BackwardPlan:
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
                    "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
         ok = aligned(q, k, v, out, dout, cu_q, cu_k)
+        if self.descriptors:
+            tensors.update(make_descriptors(self.descriptors, tensors))
         for launch in self.launches:
             launch(tensors, ok)
         if self.atomic:

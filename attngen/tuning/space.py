@@ -47,6 +47,9 @@ class BwdConfig:
     dq_num_warps: int
     dq_num_stages: int
     atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of its own pass
+    # sm90 family, dense calls: with atomic_dq, each fp32 dQ tile goes into the accumulator through
+    # one TMA reduce-add (the _attn_bwd_dkdv_tma kernel) instead of per-element atomics
+    tma_dq: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -99,11 +102,16 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
 
 def bwd_smem_bytes(spec: KernelSpec, cfg: BwdConfig) -> tuple[int, int]:
     """(dK/dV kernel, dQ kernel) shared-memory need, 2-byte tiles. dK/dV: its K and V tiles once,
-    Q and dO tiles per stage, fp32 LSE and delta rows per extra stage; dQ: its Q and dO tiles once,
+    Q and dO tiles per stage, fp32 LSE and delta rows per extra stage, and with atomic_dq the fp32
+    dQ tile (a lower bound there: Triton may stage more; what still does not fit is a failed
+    trial, h200_ab_bwd_configs_2026-11-30.json); dQ: its Q and dO tiles once,
     K and V tiles per stage. Both match Triton 3.6 on the H200 split sweep to the byte (dK/dV
     128x128 s3: 264192; dQ 128x128 s3: 262144; h200_sweep_split_2026-11-30.json)."""
-    d = sum(w for _, w in spec.head_chunks("qk")) + sum(w for _, w in spec.head_chunks("v"))
+    dqk = sum(w for _, w in spec.head_chunks("qk"))
+    d = dqk + sum(w for _, w in spec.head_chunks("v"))
     dkdv = 2 * d * (cfg.block_n + cfg.num_stages * cfg.block_m) + 8 * (cfg.num_stages - 1) * cfg.block_m
+    if cfg.atomic_dq:  # the fp32 dQ tile goes through shared memory (hd256 64x64 s2: 263168, H200)
+        dkdv += 4 * cfg.block_m * dqk
     dq = 2 * d * (cfg.dq_block_m + cfg.dq_num_stages * cfg.dq_block_n)
     return dkdv, dq
 
@@ -121,6 +129,10 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return f"{part}: num_warps must be 1, 2, 4, 8 or 16"
         if stages < 1:
             return f"{part}: num_stages must be >= 1"
+    if cfg.tma_dq and (spec.target != "sm90" or spec.varlen):
+        return "tma_dq exists in the sm90 family's dense backward only"
+    if cfg.tma_dq and not cfg.atomic_dq:
+        return "tma_dq adds dQ inside the dK/dV pass: it needs atomic_dq"
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
         if need > have:
@@ -153,6 +165,7 @@ BWD_SPACE: dict[str, tuple] = {
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
     ("fwd", "sm90"): {"tma": (False, True)},
+    ("bwd", "sm90"): {"tma_dq": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
 

@@ -56,3 +56,44 @@ def test_backward_matches_float64_reference(c: Shape, gpu_records):
                torch_err={n: pe for n, (_, pe) in errs.items()},
                ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()))
     rec["passed"] = True
+
+
+@pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
+def test_tma_dq_backward_matches_float64_reference(c: Shape, gpu_records):
+    """The sm90 dK/dV kernel that adds dQ through TMA reduce-adds (BwdConfig.tma_dq, not the
+    default table's choice everywhere, so forced here), with the same rule."""
+    import dataclasses
+    import math
+
+    from attngen.kernels.bwd import attn_bwd
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.runtime import loader
+    from attngen.runtime.dispatch import native_target
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import check_bwd, default_bwd_config
+
+    if native_target(torch.device("cuda")) != "sm90":
+        pytest.skip("the TMA dK/dV kernel is the sm90 family's")
+    t0 = time.perf_counter()
+    q, k, v, dout = make_inputs(c, salt="bwd-tma")
+    out, lse = attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
+    mask, wl, wr = mask_kind(c.causal, c.window)
+    spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
+                      softcap=c.softcap > 0)
+    cfg = dataclasses.replace(default_bwd_config(spec), atomic_dq=True, tma_dq=True)
+    if c.D > 128:  # the default tiles and the fp32 dQ tile do not fit the shared memory together
+        cfg = dataclasses.replace(cfg, block_m=32, block_n=64, num_warps=4, num_stages=2)
+    assert check_bwd(spec, cfg) is None
+    args = MaskArgs(scale=1 / math.sqrt(c.D), softcap=c.softcap, window_left=wl, window_right=wr,
+                    align_top_left=False)
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    attn_bwd(loader.load(spec), spec, q, k, v, out, dout, lse, *grads, args, cfg, deterministic=False)
+    torch.cuda.synchronize()
+    rec = c.record("bwd-tma-dq", passed=False, error=None)
+    gpu_records.append(rec)
+    try:
+        errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],
+                           (q, k, v), dout, grads, FACTOR, ATOL)
+    finally:
+        rec.update(seconds=round(time.perf_counter() - t0, 2))
+    rec.update(ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()), passed=True)

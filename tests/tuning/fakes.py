@@ -42,11 +42,11 @@ class FakeOutOfResources(RuntimeError):
 def timer(step, config, problem) -> float:
     """Runs the step once (so a broken launch still fails) and returns fake_ms(config); block_n 32
     with 4 stages "runs out of shared memory", as a compile failure the filter did not catch would.
-    With ATTNGEN_FAKE_TIMER_SLEEP=seconds it also sleeps (the Ctrl-C test)."""
+    With ATTNGEN_FAKE_TIMER_SLEEP=seconds it also sleeps (the Ctrl-C test), failing or not."""
     step()
+    delay = float(os.environ.get("ATTNGEN_FAKE_TIMER_SLEEP", "0"))
+    if delay:  # before the failure too: every measured config takes this long, failed or not
+        time.sleep(delay)
     if config.get("block_n") == 32 and config.get("num_stages") == 4:
         raise FakeOutOfResources("out of resource: shared memory (fake)")
-    delay = float(os.environ.get("ATTNGEN_FAKE_TIMER_SLEEP", "0"))
-    if delay:
-        time.sleep(delay)
     return fake_ms(config)
