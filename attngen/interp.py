@@ -1,15 +1,16 @@
 """Running generated kernels on CPU tensors through Triton's interpreter.
 
-Triton 3.6's interpreter stores bf16 values as raw uint16 and its ``tl.dot`` multiplies those bit
-patterns as integers, so any bf16 dot is wrong there (fp16/fp32/fp8 dots are right). The patch
-below converts bf16 dot operands to fp32 first -- the same math the tensor cores do (bf16 products
-are exact in fp32, accumulation in fp32). It touches only the interpreter's ``create_dot`` and is
-applied by the runtime before running a kernel through the interpreter.
+``patch_interpreter()`` mends two gaps of Triton 3.6's interpreter; the runtime, the tuner and the
+tests apply it before running a kernel through the interpreter (idempotent):
 
-The interpreter also has no tensor-descriptor reduce (``desc.atomic_add``, a TMA reduce-add on
-sm90; the sm90 backward adds dQ tiles that way): ``patch_bf16_dot`` adds it as an element-wise
-atomic add over the descriptor's block (rows and columns past the tensor's end masked off, as the
-copy engine clips them), so those kernels run in the CPU tests too.
+- it stores bf16 values as raw uint16 and its ``tl.dot`` multiplies those bit patterns as
+  integers, so any bf16 dot is wrong there (fp16/fp32/fp8 dots are right): ``create_dot`` converts
+  bf16 operands to fp32 first -- the same math the tensor cores do (bf16 products are exact in
+  fp32, accumulation in fp32);
+- it has no tensor-descriptor reduce (``desc.atomic_add``, a TMA reduce-add on sm90; the sm90
+  backward adds dQ tiles that way): ``create_descriptor_reduce`` is added as an element-wise atomic
+  add over the descriptor's block (rows and columns past the tensor's end masked off, as the copy
+  engine clips them).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ _PATCHED = False
 ORIGINAL_CREATE_DOT = None  # the interpreter's own create_dot, kept for the test that shows the bug
 
 
-def patch_bf16_dot() -> None:
+def patch_interpreter() -> None:
     global _PATCHED, ORIGINAL_CREATE_DOT
     if _PATCHED:
         return

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 import triton
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attngen import env
-from attngen.codegen.render import _environment, template_context, template_name
+from attngen.codegen.render import render
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime import loader
@@ -48,12 +47,10 @@ EXTRA += [FwdConfig(128, 64, 8, 3), FwdConfig(64, 64, 4, 2, tma=True), FwdConfig
 
 
 def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
-    root = env.templates_dir()
-    ctx = template_context(spec, (), root, options=switch)
-    text = _environment(str(root)).get_template(template_name(spec)).render(**ctx)
+    """The module of `spec` rendered with codegen options `switch`, loaded from `tmp`."""
     tag = "_".join(f"{k}-{v}" for k, v in switch.items())
     path = tmp / f"{spec.uri}__{tag}.py"
-    path.write_text("\n".join(line.rstrip() for line in text.splitlines()) + "\n")
+    path.write_text(render(spec, options=switch))
     return loader.load_path(path)
 
 

@@ -4,7 +4,9 @@
 #   benchmarks/run_gpu.sh [fwd|fwdbwd|both] [more `attngen bench` arguments, e.g. --quick]
 #
 # Writes into $OUT (default: benchmarks/results/tmp): gpu_summary.json, gpu_tests.log, env.txt,
-# bench_<mode>.json and bench_<mode>.log per mode. TESTS=0 skips the tests, BENCH=0 the benchmark.
+# bench_<mode>.json and bench_<mode>.log per mode. TESTS=0 skips the tests, BENCH=0 the benchmark;
+# OVERHEAD=1 adds the launch-overhead benchmark (launch_overhead.json), EDGES=1 the edge-shape one
+# (edges.json).
 # No install step: the repository is put on PYTHONPATH. Exit status: nonzero if the tests or a
 # benchmark run failed (the benchmark runs even when a test fails).
 set -euo pipefail
@@ -43,6 +45,18 @@ if [ "${TESTS:-1}" != 0 ]; then
   echo "GPU tests: exit $rc in $((SECONDS - start)) s"
   [ "$rc" -eq 0 ] || status=1
 fi
+
+for extra in OVERHEAD:launch_overhead EDGES:edges; do
+  var=${extra%%:*} name=${extra#*:}
+  [ "${!var:-0}" != 0 ] || continue
+  script=benchmarks/${name/edges/edges_bench}.py
+  set +e
+  python3 "$script" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  echo "$script: exit $rc"
+  [ "$rc" -eq 0 ] || status=1
+done
 
 if [ "${BENCH:-1}" != 0 ]; then
   for m in $modes; do

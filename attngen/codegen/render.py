@@ -119,8 +119,10 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     }
 
 
-def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None) -> str:
-    """Source of the module for `spec`. `sources` ("file#entry (sha256 ...)") go in the header."""
+def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,
+           options: dict | None = None) -> str:
+    """Source of the module for `spec`. `sources` ("file#entry (sha256 ...)") go in the header;
+    `options`: codegen choices for A/B runs (template_context), never used by the build."""
     if spec.dtype not in IMPLEMENTED_DTYPES:
         raise CodegenError(f"{spec.uri}: {spec.dtype} kernels are not implemented yet "
                            f"(implemented: {', '.join(IMPLEMENTED_DTYPES)})")
@@ -130,5 +132,5 @@ def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = 
         raise CodegenError(f"{spec.uri}: kernel family {spec.family!r} is not implemented yet "
                            f"(no template {name} in {root})")
     tmpl = _environment(str(root)).get_template(name)
-    text = tmpl.render(**template_context(spec, sources, root))
+    text = tmpl.render(**template_context(spec, sources, root, options))
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -8,7 +8,8 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4, tma_descriptors
+from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, strides4, tile_names,
+                                   tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig
 
@@ -70,10 +71,9 @@ def _dkdv_launch(mod: ModuleType, cfg: BwdConfig, atomic: bool, no_tma: bool, dq
     fp32 accumulator, one descriptor per head-dim tile of the module's QK_TILES) where it applies
     and dq's rows are 16-byte aligned for the copy engine, else the pointer kernel."""
     if atomic and getattr(cfg, "tma_dq", False) and not no_tma and hasattr(mod, "_attn_bwd_dkdv_tma") and grid:
-        tiles = mod.QK_TILES
-        names = ["desc_dq" if len(tiles) == 1 else f"desc_dq{i}" for i in range(len(tiles))]
+        names = tile_names("desc_dq", mod.QK_TILES)
         descs = tma_descriptors({n: ("DQ", dq) for n in names},
-                                {n: [1, 1, cfg.block_m, w] for n, (_, w) in zip(names, tiles)})
+                                {n: [1, 1, cfg.block_m, w] for n, (_, w) in zip(names, mod.QK_TILES)})
         if descs is not None:
             return Launch(mod._attn_bwd_dkdv_tma, grid, values, cfg.num_warps, cfg.num_stages,
                           len(descs) + 10, descs)

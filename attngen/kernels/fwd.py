@@ -8,7 +8,7 @@ import triton
 
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, strides4,
-                                   tma_descriptors)
+                                   tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
 
@@ -59,11 +59,10 @@ def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out) -> tuple[dict, dic
     views, blocks = {}, {}
     for tiles, group in ((mod.QK_TILES, (("q", "Q", q, cfg.block_m), ("k", "K", k, cfg.block_n))),
                          (mod.V_TILES, (("v", "V", v, cfg.block_n), ("o", "Out", out, cfg.block_m)))):
-        for i, (_, width) in enumerate(tiles):
-            sfx = "" if len(tiles) == 1 else str(i)
-            for short, name, tensor, rows in group:
-                views[f"desc_{short}{sfx}"] = (name, tensor)
-                blocks[f"desc_{short}{sfx}"] = [1, 1, rows, width]
+        for short, name, tensor, rows in group:
+            for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
+                views[param] = (name, tensor)
+                blocks[param] = [1, 1, rows, width]
     return views, blocks
 
 

@@ -62,6 +62,12 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     return out
 
 
+def tile_names(prefix: str, tiles) -> list[str]:
+    """Kernel parameter names of an argument given per head-dim column tile (a module's QK_TILES /
+    V_TILES), as the templates name them: `prefix` for one tile, prefix0, prefix1, ... for more."""
+    return [prefix] if len(tiles) == 1 else [f"{prefix}{i}" for i in range(len(tiles))]
+
+
 def make_descriptors(descs: dict, tensors: dict) -> dict:
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -171,10 +171,10 @@ def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int,
     check_device(device, interpret)
     spec = _kernel_spec(family, dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device), dqk, dv,
                         gqa, mask, softcap > 0, varlen)
-    if interpret and dtype == torch.bfloat16:
-        from attngen.interp import patch_bf16_dot
+    if interpret:
+        from attngen.interp import patch_interpreter
 
-        patch_bf16_dot()
+        patch_interpreter()
     return spec, interpret
 
 

@@ -154,10 +154,10 @@ class Objective:
         self.timer = timer or timing.do_bench_median
         self.dtype = DTYPES[self.spec.dtype]
         self.kind = "cpu" if env.interpreting() else self.device.type
-        if env.interpreting() and self.dtype == torch.bfloat16:
-            from attngen.interp import patch_bf16_dot
+        if env.interpreting():
+            from attngen.interp import patch_interpreter
 
-            patch_bf16_dot()
+            patch_interpreter()
         self.mod = loader.load(self.spec)
         self.mask = problem.mask_args
         self.fwd_spec = self.spec.replace(family="fwd")

@@ -221,7 +221,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90" and not spec.varlen:
-        return _sm90_fwd_default(spec, d, seqlen_q)
+        return _sm90_fwd_default(d)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
     if d <= 128:
@@ -235,7 +235,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     return FwdConfig(128, 64, 8, 2)
 
 
-def _sm90_fwd_default(spec: KernelSpec, d: int, seqlen_q: int) -> FwdConfig:
+def _sm90_fwd_default(d: int) -> FwdConfig:
     """The sm90 family's dense forward, from the H200 config A/B (bf16 TFLOP/s, same run;
     benchmarks/results/h200_ab_configs_2026-11-30.json): 64x64 TMA tiles with 3 stages won on every
     hd128 case (full 532 vs 500 for the pointer kernel's 128x64; causal S4096 470; causal S16384

@@ -1,5 +1,6 @@
-"""The documented interpreter patch: Triton 3.6's interpreter gets bf16 dots wrong; the patch
-(attngen/interp.py) makes them right. If Triton fixes the bug, the first test tells us to drop it."""
+"""The documented interpreter patch: Triton 3.6's interpreter gets bf16 dots wrong and has no
+tensor-descriptor reduce; the patch (attngen/interp.py) makes the dots right and adds the reduce.
+If Triton fixes the dot bug, the first test tells us to drop that part."""
 
 import pytest
 import torch
@@ -36,8 +37,27 @@ def test_unpatched_bf16_dot_is_wrong(monkeypatch):
 
 
 def test_patched_bf16_dot_is_right():
-    interp.patch_bf16_dot()
+    interp.patch_interpreter()
     a, b = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).bfloat16()
     torch.testing.assert_close(_run(a, b), a.float() @ b.float(), atol=1e-5, rtol=1e-5)
     a16, b16 = a.half(), b.half()  # the patch leaves other dtypes alone
     torch.testing.assert_close(_run(a16, b16), a16.float() @ b16.float(), atol=1e-2, rtol=1e-3)
+
+
+@triton.jit
+def _reduce_add(desc, X, ROWS: tl.constexpr, COLS: tl.constexpr):
+    x = tl.load(X + tl.arange(0, ROWS)[:, None] * COLS + tl.arange(0, COLS)[None, :])
+    desc.atomic_add([tl.program_id(0) * 0 + 12, 0], x)  # rows 12..27 of a 20-row tensor
+
+
+def test_patched_descriptor_reduce_adds_and_clips():
+    """The added descriptor reduce: every program's block is added (three programs: 3x), and the
+    rows past the tensor's end are clipped, as the copy engine does."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    interp.patch_interpreter()
+    acc = torch.full((20, 32), 1.0)
+    x = torch.randn(16, 32)
+    _reduce_add[(3,)](TensorDescriptor(acc, [20, 32], [32, 1], [16, 32]), x, 16, 32)
+    torch.testing.assert_close(acc[12:], 1.0 + 3 * x[:8])
+    assert (acc[:12] == 1.0).all()
