@@ -3,8 +3,8 @@ triton.testing.do_bench; gradients checked against PyTorch (fp32 math) first. TF
 the forward's FLOPs (the backward's five matmuls).
 
     python3 benchmarks/bwd_ab.py --out bwd_ab.json               # head-dim tiles: split vs pad
-    python3 benchmarks/bwd_ab.py --out bwd_ab.json --configs     # launch configs (dQ pass, atomics,
-                                                                 # TMA reduce-add) per case
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json --configs     # launch configs (pointer / TMA
+                                                                 # kernels, dQ pass / TMA reduce-add)
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from attngen.kernels.bwd import attn_bwd
+from attngen.kernels.bwd import attn_bwd, bwd_launches
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime import loader
@@ -47,15 +47,38 @@ CONFIG_CASES = [
 
 
 def config_variants(spec):
-    """The default (separate dQ pass), pointer atomics, and the TMA reduce-add over a few dK/dV
-    tiles."""
+    """The default (pointer kernels, separate dQ pass) and the sm90 TMA kernels (BwdConfig.tma:
+    every tile through descriptors; with atomic_dq the dQ tiles by TMA reduce-add) over a few dK/dV
+    and dQ tiles."""
     d = default_bwd_config(spec)
-    out = [d, dataclasses.replace(d, atomic_dq=True), dataclasses.replace(d, atomic_dq=True, tma_dq=True)]
-    for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 8, 2), (32, 128, 4, 2), (64, 64, 4, 3)):
-        out.append(dataclasses.replace(d, block_m=bm, block_n=bn, num_warps=w, num_stages=s,
-                                       atomic_dq=True, tma_dq=True))
-    out.append(dataclasses.replace(d, block_m=32, block_n=64, num_warps=4, num_stages=2))
-    return [c for c in out if check_bwd(spec, c) is None]
+    r = dataclasses.replace
+    out = [d, r(d, tma=True), r(d, atomic_dq=True, tma=True)]
+    for bm, bn, w, s in ((32, 64, 4, 2), (64, 128, 8, 2), (64, 64, 4, 3), (32, 64, 4, 3)):
+        out.append(r(d, block_m=bm, block_n=bn, num_warps=w, num_stages=s, tma=True))
+    out.append(r(d, block_m=64, block_n=128, num_warps=8, num_stages=2, atomic_dq=True, tma=True))
+    out.append(r(d, block_m=32, block_n=64, num_warps=4, num_stages=2))
+    for dbm, dbn, dw, ds in ((128, 64, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3), (64, 32, 4, 2)):
+        out.append(r(d, block_m=32, block_n=64, num_warps=4, num_stages=2, dq_block_m=dbm, dq_block_n=dbn,
+                     dq_num_warps=dw, dq_num_stages=ds, tma=True))
+    seen, uniq = set(), []
+    for c in out:
+        if c not in seen and check_bwd(spec, c) is None:
+            seen.add(c)
+            uniq.append(c)
+    return uniq
+
+
+def kernel_stats(mod, spec, q, k, v, out, dout, lse, margs, cfg) -> dict:
+    """Registers and spills of each compiled kernel of `cfg` (one more run of the backward)."""
+    delta = torch.empty_like(lse)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if cfg.atomic_dq else torch.empty_like(q)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    stats = {}
+    for la in bwd_launches(mod, spec, q, k, v, out, dout, lse, delta, dq, dk, dv, margs, cfg, cfg.atomic_dq):
+        kern = la.run()
+        if kern is not None:
+            stats[la.fn.__name__] = {"regs": getattr(kern, "n_regs", None), "spills": getattr(kern, "n_spills", None)}
+    return stats
 
 
 def main():
@@ -104,6 +127,7 @@ def main():
                 else:
                     ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
                     rec["ms"], rec["tflops"] = ms, flops / ms / 1e9
+                    rec["kernels"] = kernel_stats(mod, bspec, q, k, v, out, dout, lse, margs, cfg)
             except Exception as exc:  # noqa: BLE001
                 rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             row["results"].append(rec)

@@ -12,6 +12,7 @@ options; head_chunks: split head dims into two power-of-two column tiles, or pad
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import tempfile
@@ -44,6 +45,14 @@ CASES = [  # name, B, Hq, Hkv, S, D, causal, window
 EXTRA = [FwdConfig(bm, bn, w, 3, tma=True, lazy_rescale=lazy)
          for bm, bn, w in ((64, 64, 4), (128, 128, 8), (128, 64, 8)) for lazy in (False, True)]
 EXTRA += [FwdConfig(128, 64, 8, 3), FwdConfig(64, 64, 4, 2, tma=True), FwdConfig(128, 64, 8, 2, tma=True)]
+# --configs default,knobs: the default with the TMA kernel's schedule knob switched (persistent
+# programs per SM), also on the 128x128 tiles with lazy rescaling
+
+
+def knob_variants(base: FwdConfig) -> list[FwdConfig]:
+    r = dataclasses.replace
+    big = FwdConfig(128, 128, 8, 2, tma=True, lazy_rescale=True)
+    return [r(base, persistent=1), r(base, persistent=2), big, r(big, persistent=1)]
 
 
 def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
@@ -59,7 +68,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
-    ap.add_argument("--configs", default="default,extra", help="default | default,extra")
+    ap.add_argument("--configs", default="default,extra", help="default[,extra][,knobs]")
     args = ap.parse_args()
     variants = [{}]
     for sw in args.switch:
@@ -102,6 +111,8 @@ def main():
         cfgs = [default_fwd_config(spec, "cuda", S)]
         if "extra" in args.configs:
             cfgs += [c for c in EXTRA if c != cfgs[0]]
+        if "knobs" in args.configs:
+            cfgs += [c for c in knob_variants(cfgs[0]) if c not in cfgs]
         for sw in variants:
             try:
                 mod = render_variant(spec, sw, tmp) if sw else loader.load(spec)

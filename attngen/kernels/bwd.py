@@ -50,34 +50,46 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     ok = rows_q > 0 and rows_k > 0
     n_blocks = triton.cdiv(rows_k, cfg.block_n)
     dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
-    launches = [
-        Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
-               {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m},
-               4, 1, 4),
-        _dkdv_launch(mod, cfg, atomic, packed or wide, dq, programs(n_blocks, bk, "k") if ok else 0,
-                     {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
-                      "BLOCK_N": cfg.block_n}),
-    ]
+    pre = Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
+                 {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1, 4)
+    dkdv_values = {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
+                   "BLOCK_N": cfg.block_n}
+    dq_values = {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m, "BLOCK_N": cfg.dq_block_n}
+    dkdv_grid = programs(n_blocks, bk, "k") if ok else 0
+    dq_grid = programs(dq_blocks, bq, "q") if ok else 0
+    if getattr(cfg, "tma", False) and not (packed or wide) and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
+        tensors = {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq, "DK": dk, "DV": dv}
+        dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n))
+        dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, dq_pass=True))
+        if dkdv_descs is not None and dq_descs is not None:  # else a stride the copy engine cannot take
+            launches = [pre, Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, dkdv_values, cfg.num_warps,
+                                    cfg.num_stages, len(dkdv_descs) + 2, dkdv_descs)]
+            if not atomic:
+                launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, dq_values, cfg.dq_num_warps,
+                                       cfg.dq_num_stages, len(dq_descs) + 2, dq_descs))
+            return launches
+    launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages, 11)]
     if not atomic:
-        launches.append(Launch(mod._attn_bwd_dq, programs(dq_blocks, bq, "q") if ok else 0,
-                               {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m,
-                                "BLOCK_N": cfg.dq_block_n}, cfg.dq_num_warps, cfg.dq_num_stages, 9))
+        launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages, 9))
     return launches
 
 
-def _dkdv_launch(mod: ModuleType, cfg: BwdConfig, atomic: bool, no_tma: bool, dq, grid: int,
-                 values: dict) -> Launch:
-    """The dK/dV launch: the TMA reduce-add variant (sm90 dense, cfg.tma_dq with atomics; dq is the
-    fp32 accumulator, one descriptor per head-dim tile of the module's QK_TILES) where it applies
-    and dq's rows are 16-byte aligned for the copy engine, else the pointer kernel."""
-    if atomic and getattr(cfg, "tma_dq", False) and not no_tma and hasattr(mod, "_attn_bwd_dkdv_tma") and grid:
-        names = tile_names("desc_dq", mod.QK_TILES)
-        descs = tma_descriptors({n: ("DQ", dq) for n in names},
-                                {n: [1, 1, cfg.block_m, w] for n, (_, w) in zip(names, mod.QK_TILES)})
-        if descs is not None:
-            return Launch(mod._attn_bwd_dkdv_tma, grid, values, cfg.num_warps, cfg.num_stages,
-                          len(descs) + 10, descs)
-    return Launch(mod._attn_bwd_dkdv, grid, values, cfg.num_warps, cfg.num_stages, 11)
+def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False):
+    """The sm90 TMA kernels' descriptors over the (B, H, S, D) views, one per tensor and head-dim
+    column tile (QK_TILES for Q, K, dQ, dK; V_TILES for V, dO, dV): query-side tiles of rows_m
+    rows, key-side tiles of rows_n; the dQ pass has no dK / dV. (views, block shapes) for
+    tma_descriptors."""
+    views, blocks = {}, {}
+    groups = [("q", "Q", "qk", rows_m), ("k", "K", "qk", rows_n), ("v", "V", "v", rows_n),
+              ("do", "DO", "v", rows_m), ("dq", "DQ", "qk", rows_m)]
+    if not dq_pass:
+        groups += [("dk", "DK", "qk", rows_n), ("dv", "DV", "v", rows_n)]
+    for short, name, which, rows in groups:
+        tiles = mod.QK_TILES if which == "qk" else mod.V_TILES
+        for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
+            views[param] = (name, tensors[name])
+            blocks[param] = [1, 1, rows, width]
+    return views, blocks
 
 
 def attn_bwd(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, dq, dk, dv,

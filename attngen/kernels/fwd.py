@@ -7,7 +7,7 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, strides4,
+from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, sm_count, strides4,
                                    tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
@@ -48,7 +48,9 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and not packed and grid:
         descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out))
     if descs is not None and not values["OFFS_64"]:
-        values["WARP_SPEC"] = bool(cfg.warp_specialize)
+        values.update(WARP_SPEC=bool(cfg.warp_specialize), PERSISTENT=cfg.persistent > 0, num_tiles=grid)
+        if cfg.persistent > 0:
+            grid = min(grid, cfg.persistent * sm_count(q.device))
         return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, len(descs) + 1, descs)]
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
 

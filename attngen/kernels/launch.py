@@ -9,6 +9,7 @@ parameters come first: a cached launch replays the same scalars with new tensors
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +83,21 @@ def programs(blocks: int, batch_heads: int, what: str) -> int:
         raise ValueError(f"{what}: {blocks} blocks x {batch_heads} (batch x heads) = {n} programs is "
                          f"above CUDA's grid limit {MAX_GRID}; use larger blocks or split the call")
     return n
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of `device` (a persistent kernel starts a few programs per SM);
+    the interpreter (a CPU device) counts as 2, so its tests walk several tiles per program."""
+    if device.type != "cuda":
+        return 2
+    return _sm_count(device.index if device.index is not None else 0)
 
 
 def strides4(prefix: str, t, packed: bool = False) -> dict[str, int]:

@@ -315,13 +315,19 @@ class BackwardPlan:
     """The backward of one key: preprocess, dK/dV, dQ (or fp32 atomics into a dQ accumulator)."""
 
     def __init__(self, dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None,
-                 cu_k=None, max_q: int = 0, max_k: int = 0):
+                 cu_k=None, max_q: int = 0, max_k: int = 0, pointer_only: bool = False):
         packed = opts.layout == "packed"
         d = Dims.of(*((q, k, v) if packed else dense_views(q, k, v, opts.layout)), packed, cu_q,
                     max_q, max_k)
         self.bucket = d.bucket
         self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
             "bwd", q, d, opts, packed)
+        if getattr(self.config, "tma", False) and (pointer_only or host_bound(d.bucket)):
+            import dataclasses
+
+            self.config = dataclasses.replace(self.config, tma=False)
+            self.config_source += (" (pointer kernels: " + ("a misaligned call)" if pointer_only
+                                                            else "a host-bound shape)"))
         self.atomic = self.config.atomic_dq and not deterministic
         dq, dk, dv_, delta, dq_acc = self._buffers(q, k, v, lse)
         views = [t.transpose(1, 2) if opts.layout == "bshd" else t
@@ -330,8 +336,10 @@ class BackwardPlan:
         launches = bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
                                 dvv, opts.mask_args, self.config, self.atomic, cu_q, cu_k, max_q, max_k)
         self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu") for la in launches]
-        # the TMA dK/dV kernel's dQ descriptors (over the fp32 accumulator, allocated per call)
-        self.descriptors = next((la.descriptors for la in launches if la.descriptors), None)
+        # the TMA kernels' descriptors, per launch (rebuilt around each call's tensors)
+        self.descriptors = [la.descriptors for la in launches]
+        self._args = (opts, deterministic, max_q, max_k)
+        self._fallback = None
 
     def _buffers(self, q, k, v, lse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -346,10 +354,18 @@ class BackwardPlan:
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
                    "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
         ok = aligned(q, k, v, out, dout, cu_q, cu_k)
-        if self.descriptors:
-            tensors.update(make_descriptors(self.descriptors, tensors))
-        for launch in self.launches:
-            launch(tensors, ok)
+        if any(self.descriptors):
+            if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernels serve
+                if self._fallback is None:
+                    opts, det, max_q, max_k = self._args
+                    self._fallback = BackwardPlan(dout, q, k, v, out, lse, opts, det, cu_q, cu_k,
+                                                  max_q, max_k, pointer_only=True)
+                return self._fallback.run(dout, q, k, v, out, lse, cu_q, cu_k)
+            for launch, descs in zip(self.launches, self.descriptors):
+                launch({**tensors, **make_descriptors(descs, tensors)} if descs else tensors, ok)
+        else:
+            for launch in self.launches:
+                launch(tensors, ok)
         if self.atomic:
             dq.copy_(dq_acc)
         return dq, dk, dv

@@ -29,6 +29,8 @@ class FwdConfig:
     # the H200 it won with 128x128 TMA tiles and lost with the pointer kernel
     # (h200_ab_softmax_2026-11-30.json)
     lazy_rescale: bool = False
+    # sm90 TMA kernel: 0 = one program per tile; n > 0 = n programs per SM, each looping over tiles
+    persistent: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -47,9 +49,10 @@ class BwdConfig:
     dq_num_warps: int
     dq_num_stages: int
     atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of its own pass
-    # sm90 family, dense calls: with atomic_dq, each fp32 dQ tile goes into the accumulator through
-    # one TMA reduce-add (the _attn_bwd_dkdv_tma kernel) instead of per-element atomics
-    tma_dq: bool = False
+    # sm90 family, dense calls: both passes move their (rows x head dim) tiles through TMA tensor
+    # descriptors (_attn_bwd_dkdv_tma, _attn_bwd_dq_tma), and with atomic_dq each fp32 dQ tile goes
+    # into the accumulator through one TMA reduce-add instead of per-element atomics
+    tma: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -91,6 +94,10 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
     if (cfg.tma or cfg.warp_specialize) and (spec.target != "sm90" or spec.varlen):
         return "tma / warp_specialize exist in the sm90 family's dense kernels only"
+    if cfg.persistent and not cfg.tma:
+        return "persistent exists in the sm90 family's TMA kernel only (needs tma)"
+    if cfg.persistent < 0:
+        return "persistent is a number of programs per SM (0 = one program per tile)"
     if cfg.warp_specialize and not cfg.tma:
         return "warp_specialize needs tma (the producer warps issue TMA loads)"
     if cfg.warp_specialize and cfg.num_warps < 8:
@@ -129,10 +136,8 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return f"{part}: num_warps must be 1, 2, 4, 8 or 16"
         if stages < 1:
             return f"{part}: num_stages must be >= 1"
-    if cfg.tma_dq and (spec.target != "sm90" or spec.varlen):
-        return "tma_dq exists in the sm90 family's dense backward only"
-    if cfg.tma_dq and not cfg.atomic_dq:
-        return "tma_dq adds dQ inside the dK/dV pass: it needs atomic_dq"
+    if cfg.tma and (spec.target != "sm90" or spec.varlen):
+        return "tma exists in the sm90 family's dense backward only"
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
         if need > have:
@@ -165,7 +170,7 @@ BWD_SPACE: dict[str, tuple] = {
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
     ("fwd", "sm90"): {"tma": (False, True)},
-    ("bwd", "sm90"): {"tma_dq": (False, True)},
+    ("bwd", "sm90"): {"tma": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
 
@@ -258,11 +263,16 @@ def _sm90_fwd_default(d: int) -> FwdConfig:
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:
     """On the H200 sweep the separate dQ pass beat fp32 atomics (hd128 causal: 347 vs 302 TFLOP/s
-    backward-only), so it is the default; atomic_dq stays a tunable knob."""
+    backward-only), so it is the default; atomic_dq stays a tunable knob. The sm90 family's dense
+    calls take its TMA kernels, which won on every case of the H200 A/B with the same tiles
+    (backward-only TFLOP/s, TMA vs pointer: hd128 causal 367 vs 309, full 402 vs 358, GQA 32/8
+    362 vs 300, hd64 308 vs 302, hd96 312 vs 293, hd256 179 vs 159;
+    benchmarks/results/h200_ab_bwd_tma_2026-11-30.json)."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
+    tma = spec.target == "sm90" and not spec.varlen
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
-        return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3)
+        return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)
-    return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2)
+    return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2, tma=tma)

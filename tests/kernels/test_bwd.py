@@ -42,9 +42,10 @@ def run_bwd(spec, path, case, seed, deterministic):
     lse = torch.empty(q.shape[:3])
     attn_fwd(load_path(FWD[spec]), fwd_spec, q, k, v, out, lse, args, FWD_CONFIG)
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
-    # both dQ paths; the sm90 family's atomic path is its TMA reduce-add kernel (_attn_bwd_dkdv_tma)
-    cfg = dataclasses.replace(TEST_CONFIG, atomic_dq=not deterministic,
-                              tma_dq=not deterministic and spec.target == "sm90")
+    # both dQ paths; the sm90 family runs its TMA kernels (_attn_bwd_dkdv_tma, with the dQ tiles
+    # by TMA reduce-add on the atomic path, and _attn_bwd_dq_tma), its pointer kernels being the
+    # sm80 code tested there
+    cfg = dataclasses.replace(TEST_CONFIG, atomic_dq=not deterministic, tma=spec.target == "sm90")
     attn_bwd(load_path(path), spec, q, k, v, out, dout, lse, dq, dk, dv, args, cfg, deterministic)
     return q, k, v, dout, args.scale, (dq, dk, dv)
 
@@ -73,10 +74,11 @@ def test_deterministic_paths_agree():
         "dK/dV differ between the dQ paths"
 
 
-def test_sm90_atomic_dq_goes_through_the_tma_kernel():
-    """With tma_dq the sm90 family's dK/dV launch is the TMA reduce-add kernel with one dQ
-    descriptor per head-dim tile, and it computes the same gradients as the pointer atomics; the
-    sm80 family and deterministic calls keep the pointer kernels."""
+def test_sm90_backward_goes_through_the_tma_kernels():
+    """With tma the sm90 family's dK/dV and dQ launches are its TMA kernels, with one descriptor per
+    tensor and head-dim tile (query-side tiles of the pass's query block, key-side of its key
+    block), the atomic path adding dQ by TMA reduce-adds; they compute the same gradients as the
+    pointer kernels. The sm80 family keeps the pointer kernels."""
     from attngen.kernels.bwd import bwd_launches
 
     spec, path = next((s, p) for s, p in KERNELS if s.target == "sm90" and s.head_dim_qk == 96
@@ -86,15 +88,24 @@ def test_sm90_atomic_dq_goes_through_the_tma_kernel():
     q, k, v = make_qkv(spec, case, 11)
     lse = torch.empty(q.shape[:3])
     args = MaskArgs(scale=0.1, softcap=case.softcap, window_left=-1, window_right=0, align_top_left=False)
-    cfg = dataclasses.replace(TEST_CONFIG, atomic_dq=True, tma_dq=True)
+    cfg = dataclasses.replace(TEST_CONFIG, atomic_dq=True, tma=True)
     dq32 = torch.zeros(q.shape, dtype=torch.float32)
     la = bwd_launches(mod, spec, q, k, v, q, q, lse, lse, dq32, k, v, args, cfg, True)
     assert [x.fn.__name__ for x in la] == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma"]
-    assert sorted(la[1].descriptors) == ["desc_dq0", "desc_dq1"]
-    assert [d[3] for d in la[1].descriptors.values()] == [[1, 1, 32, 64], [1, 1, 32, 32]]
+    descs = la[1].descriptors
+    assert sorted(descs) == sorted(f"desc_{t}{i}" for t in ("q", "k", "v", "do", "dq", "dk", "dv") for i in (0, 1))
+    assert descs["desc_dq1"][3] == [1, 1, cfg.block_m, 32] and descs["desc_k0"][3] == [1, 1, cfg.block_n, 64]
     la = bwd_launches(mod, spec, q, k, v, q, q, lse, lse, q, k, v, args, cfg, False)
+    assert [x.fn.__name__ for x in la] == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"]
+    assert la[2].descriptors["desc_k1"][3] == [1, 1, cfg.dq_block_n, 32]
+    assert "desc_dk0" not in la[2].descriptors
+    la = bwd_launches(mod, spec, q, k, v, q, q, lse, lse, q, k, v, args, dataclasses.replace(cfg, tma=False), False)
     assert [x.fn.__name__ for x in la] == ["_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
-    _, _, _, _, _, g_tma = run_bwd(spec, path, case, 5, deterministic=False)
-    _, _, _, _, _, g_det = run_bwd(spec, path, case, 5, deterministic=True)
-    torch.testing.assert_close(g_tma[0], g_det[0], atol=2e-3, rtol=0)
-    assert torch.equal(g_tma[1], g_det[1]) and torch.equal(g_tma[2], g_det[2])
+    fspec, fpath = next((s, p) for s, p in KERNELS if s.target == "sm80" and s.head_dim_qk == 96
+                        and s.dtype == "fp16")
+    _, _, _, _, _, g_ptr = run_bwd(fspec, fpath, case, 5, deterministic=True)
+    for det in (False, True):
+        _, _, _, _, _, g_tma = run_bwd(spec, path, case, 5, deterministic=det)
+        torch.testing.assert_close(g_tma[0], g_ptr[0], atol=2e-3, rtol=0)
+        torch.testing.assert_close(g_tma[1], g_ptr[1], atol=2e-3, rtol=0)
+        torch.testing.assert_close(g_tma[2], g_ptr[2], atol=2e-3, rtol=0)

@@ -218,15 +218,17 @@ def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
 
 
 def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
-    """The runtime's plan path with the sm90 family's TMA config (the GPU's default for these
-    kernels): descriptors rebuilt around each call's tensors, a misaligned call served by the
-    pointer kernel, gradients through the same plans."""
+    """The runtime's plan path with the sm90 family's TMA configs (forward and backward):
+    descriptors rebuilt around each call's tensors, a misaligned call served by the pointer
+    kernels, gradients through the same plans."""
+    import dataclasses
+
     from attngen.runtime import dispatch
 
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
-        else (dispatch.family("bwd").default(spec, "cpu"), "test")))
+        else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
     monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
     api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
     try:
@@ -249,6 +251,17 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
         check_grads("sm90 plan", lambda *t, upcast: attention_ref(*(bhsd(x) for x in t), causal=True,
                                                                   upcast=upcast)[0].transpose(1, 2),
                     (q, k, v), dout, grads)
+        bplan = next(iter(api._BWD.values()))
+        assert [la.fn.__name__ for la in bplan.launches] == [
+            "_attn_bwd_preprocess", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"]
+        odd_leaves = [q_odd.requires_grad_(True)] + [t.clone().requires_grad_(True) for t in (k, v)]
+        odd_grads = torch.autograd.grad(attngen.attention(*odd_leaves, causal=True, layout="bshd"),
+                                        odd_leaves, dout)
+        assert len(api._BWD) == 1 and bplan._fallback is not None  # same key, pointer kernels
+        assert [la.fn.__name__ for la in bplan._fallback.launches] == [
+            "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
+        for g, g_odd in zip(grads, odd_grads):
+            torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
     finally:
         api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
 
