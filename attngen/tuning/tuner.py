@@ -51,6 +51,7 @@ DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)  # Sq = Sk, powers of two
 DEFAULT_BATCHES = (1, 4)  # batch x heads classes: the entry's query heads times these
 SAMPLERS = ("tpe", "grid")
 HEARTBEAT_S, GRACE_S = 30, 120
+RACE_RETRIES = 20  # optimize() restarts after a trial another worker told first (SQLite)
 
 
 class TuneError(RuntimeError):
@@ -597,10 +598,19 @@ class Tuner:
                     or (deadline is not None and time.monotonic() >= deadline)):
                 study_.stop()
 
-        if measured() < budget:
+        for _ in range(RACE_RETRIES):
+            if measured() >= budget or (deadline is not None and time.monotonic() >= deadline):
+                break
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            study.optimize(objective, timeout=remaining, callbacks=[stop], catch=(TrialFailed,),
-                           n_trials=max(1, cap - len(study.trials)))
+            try:
+                study.optimize(objective, timeout=remaining, callbacks=[stop], catch=(TrialFailed,),
+                               n_trials=max(1, cap - len(study.trials)))
+                break
+            except ValueError as exc:
+                # two workers popped the same enqueued trial (SQLite has no row locks) and the
+                # other one told it first: its measurement is in the database; go on
+                if "Cannot tell a COMPLETE trial" not in str(exc):
+                    raise
         report.measured = measured()
         b = best()
         if b:
