@@ -8,8 +8,8 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, strides4, tile_names,
-                                   tma_descriptors)
+from attngen.kernels.launch import (Launch, lse_strides, needs_int64, packed_view, programs, strides4,
+                                   tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig
 
@@ -57,16 +57,17 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     dq_values = {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m, "BLOCK_N": cfg.dq_block_n}
     dkdv_grid = programs(n_blocks, bk, "k") if ok else 0
     dq_grid = programs(dq_blocks, bq, "q") if ok else 0
-    if getattr(cfg, "tma", False) and not (packed or wide) and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
+    if getattr(cfg, "tma", False) and not wide and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
         tensors = {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq, "DK": dk, "DV": dv}
-        dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n))
-        dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, dq_pass=True))
+        dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n, packed=packed))
+        dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, True, packed))
         if dkdv_descs is not None and dq_descs is not None:  # else a stride the copy engine cannot take
+            # + Lse, Delta (packed: + DK, DV / DQ and cu_seqlens_q / _k, stored through pointers)
             launches = [pre, Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, dkdv_values, cfg.num_warps,
-                                    cfg.num_stages, len(dkdv_descs) + 2, dkdv_descs)]
+                                    cfg.num_stages, len(dkdv_descs) + (6 if packed else 2), dkdv_descs)]
             if not atomic:
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, dq_values, cfg.dq_num_warps,
-                                       cfg.dq_num_stages, len(dq_descs) + 2, dq_descs))
+                                       cfg.dq_num_stages, len(dq_descs) + (5 if packed else 2), dq_descs))
             return launches
     launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages, 11)]
     if not atomic:
@@ -74,20 +75,26 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     return launches
 
 
-def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False):
+def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False,
+               packed: bool = False):
     """The sm90 TMA kernels' descriptors over the (B, H, S, D) views, one per tensor and head-dim
     column tile (QK_TILES for Q, K, dQ, dK; V_TILES for V, dO, dV): query-side tiles of rows_m
-    rows, key-side tiles of rows_n; the dQ pass has no dK / dV. (views, block shapes) for
-    tma_descriptors."""
+    rows, key-side tiles of rows_n; the dQ pass has no dK / dV. Packed documents: (1, H, T, D)
+    views, and no store descriptors (dK / dV, the dQ pass's dQ: masked pointer stores); the dK/dV
+    pass keeps dQ's for the reduce-adds of atomic_dq (rows past a document add zeros). (views,
+    block shapes) for tma_descriptors."""
     views, blocks = {}, {}
     groups = [("q", "Q", "qk", rows_m), ("k", "K", "qk", rows_n), ("v", "V", "v", rows_n),
-              ("do", "DO", "v", rows_m), ("dq", "DQ", "qk", rows_m)]
-    if not dq_pass:
+              ("do", "DO", "v", rows_m)]
+    if not (packed and dq_pass):
+        groups.append(("dq", "DQ", "qk", rows_m))
+    if not (dq_pass or packed):
         groups += [("dk", "DK", "qk", rows_n), ("dv", "DV", "v", rows_n)]
+    as4 = packed_view if packed else (lambda t: t)
     for short, name, which, rows in groups:
         tiles = mod.QK_TILES if which == "qk" else mod.V_TILES
         for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
-            views[param] = (name, tensors[name])
+            views[param] = (name, as4(tensors[name]))
             blocks[param] = [1, 1, rows, width]
     return views, blocks
 

@@ -7,8 +7,8 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, lse_strides, needs_int64, programs, sm_count, strides4,
-                                   tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, lse_strides, needs_int64, packed_view, programs, sm_count,
+                                   strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
 
@@ -45,25 +45,30 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     }
     grid = programs(blocks, bh, "q") if rows and bh else 0
     descs = None
-    if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and not packed and grid:
-        descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out))
+    if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and grid:
+        descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out, packed))
     if descs is not None and not values["OFFS_64"]:
         values.update(WARP_SPEC=bool(cfg.warp_specialize), PERSISTENT=cfg.persistent > 0, num_tiles=grid)
         if cfg.persistent > 0:
             grid = min(grid, cfg.persistent * sm_count(q.device))
-        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, len(descs) + 1, descs)]
+        tensors = len(descs) + (4 if packed else 1)  # + Lse (+ Out, cu_seqlens_q / _k)
+        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, tensors, descs)]
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
 
 
-def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
+def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:
     """The TMA kernel's descriptors, one per tensor and head-dim column tile (the module's QK_TILES
-    / V_TILES; one tile: desc_q, ...; two: desc_q0, desc_q1, ...): (views, block shapes)."""
+    / V_TILES; one tile: desc_q, ...; two: desc_q0, desc_q1, ...): (views, block shapes). Packed
+    documents: (1, H, T, D) views of the (T, H, D) tensors, and no O descriptor (the kernel stores
+    O through masked pointers, a tile may run past its document)."""
     views, blocks = {}, {}
-    for tiles, group in ((mod.QK_TILES, (("q", "Q", q, cfg.block_m), ("k", "K", k, cfg.block_n))),
-                         (mod.V_TILES, (("v", "V", v, cfg.block_n), ("o", "Out", out, cfg.block_m)))):
+    as4 = packed_view if packed else (lambda t: t)
+    groups = ((mod.QK_TILES, (("q", "Q", q, cfg.block_m), ("k", "K", k, cfg.block_n))),
+              (mod.V_TILES, (("v", "V", v, cfg.block_n),) + (() if packed else (("o", "Out", out, cfg.block_m),))))
+    for tiles, group in groups:
         for short, name, tensor, rows in group:
             for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
-                views[param] = (name, tensor)
+                views[param] = (name, as4(tensor))
                 blocks[param] = [1, 1, rows, width]
     return views, blocks
 

@@ -63,6 +63,12 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     return out
 
 
+def packed_view(t):
+    """The (1, H, T, D) view of a packed (T, H, D) tensor: the TMA kernels of packed documents
+    address it as batch 0, head h, rows from the document's first token."""
+    return t.permute(1, 0, 2).unsqueeze(0)
+
+
 def tile_names(prefix: str, tiles) -> list[str]:
     """Kernel parameter names of an argument given per head-dim column tile (a module's QK_TILES /
     V_TILES), as the templates name them: `prefix` for one tile, prefix0, prefix1, ... for more."""

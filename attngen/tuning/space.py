@@ -19,8 +19,8 @@ class FwdConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    # sm90 family: Q/K/V/O through TMA tensor descriptors (dense calls with 16-byte aligned rows;
-    # others fall back to pointer loads), and the key loop warp-specialized (producer warps issue
+    # sm90 family: Q/K/V/O through TMA tensor descriptors (calls with 16-byte aligned rows, packed
+    # documents included; others fall back to pointer loads), and the key loop warp-specialized (producer warps issue
     # the TMA loads, consumer warps compute; needs tma, and runs the mask stages as one loop)
     tma: bool = False
     warp_specialize: bool = False
@@ -49,9 +49,9 @@ class BwdConfig:
     dq_num_warps: int
     dq_num_stages: int
     atomic_dq: bool = False  # dQ by fp32 atomics inside the dK/dV kernel instead of its own pass
-    # sm90 family, dense calls: both passes move their (rows x head dim) tiles through TMA tensor
-    # descriptors (_attn_bwd_dkdv_tma, _attn_bwd_dq_tma), and with atomic_dq each fp32 dQ tile goes
-    # into the accumulator through one TMA reduce-add instead of per-element atomics
+    # sm90 family: both passes move their (rows x head dim) tiles through TMA tensor descriptors
+    # (_attn_bwd_dkdv_tma, _attn_bwd_dq_tma; packed documents: loads only), and with atomic_dq each
+    # fp32 dQ tile goes into the accumulator through one TMA reduce-add instead of per-element atomics
     tma: bool = False
 
     def as_dict(self) -> dict:
@@ -92,8 +92,8 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     need, have = fwd_smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
-    if (cfg.tma or cfg.warp_specialize) and (spec.target != "sm90" or spec.varlen):
-        return "tma / warp_specialize exist in the sm90 family's dense kernels only"
+    if (cfg.tma or cfg.warp_specialize) and spec.target != "sm90":
+        return "tma / warp_specialize exist in the sm90 family's kernels only"
     if cfg.persistent and not cfg.tma:
         return "persistent exists in the sm90 family's TMA kernel only (needs tma)"
     if cfg.persistent < 0:
@@ -136,8 +136,8 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return f"{part}: num_warps must be 1, 2, 4, 8 or 16"
         if stages < 1:
             return f"{part}: num_stages must be >= 1"
-    if cfg.tma and (spec.target != "sm90" or spec.varlen):
-        return "tma exists in the sm90 family's dense backward only"
+    if cfg.tma and spec.target != "sm90":
+        return "tma exists in the sm90 family's backward only"
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
         if need > have:
@@ -225,7 +225,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
-    if spec.target == "sm90" and not spec.varlen:
+    if spec.target == "sm90":
         return _sm90_fwd_default(d)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
@@ -247,7 +247,11 @@ def _sm90_fwd_default(d: int) -> FwdConfig:
     513; GQA 491, 503 with lazy rescaling; a 1024-key window 433) and hd64 (404); the split head
     dims want longer query tiles or fewer stages: hd80 (64 + 16) 64x64 2 stages 410, hd96 (64 + 32)
     128x64 439, hd192 (128 + 64) 128x64 473; hd256 64x64 with lazy rescaling 465 (445 without).
-    Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default."""
+    Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default.
+    Packed documents take the same table: on 8 causal 1024-token documents (GQA 32/8, hd128) the
+    TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default, and on 8
+    uneven documents 398 vs 339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
+    programs were slower (h200_ab_varlen_2026-12-01.json, h200_ab_varlen_fwd_2026-12-01.json)."""
     if d <= 64:
         return FwdConfig(64, 64, 4, 3, tma=True)
     if d <= 80:
@@ -267,11 +271,12 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig
     calls take its TMA kernels, which won on every case of the H200 A/B with the same tiles
     (backward-only TFLOP/s, TMA vs pointer: hd128 causal 367 vs 309, full 402 vs 358, GQA 32/8
     362 vs 300, hd64 308 vs 302, hd96 312 vs 293, hd256 179 vs 159;
-    benchmarks/results/h200_ab_bwd_tma_2026-11-30.json)."""
+    benchmarks/results/h200_ab_bwd_tma_2026-11-30.json); packed documents too (8 causal 1024-token
+    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json)."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
-    tma = spec.target == "sm90" and not spec.varlen
+    tma = spec.target == "sm90"
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)

@@ -365,8 +365,9 @@ def test_bwd_structure(rendered_bwd):
 
 
 def test_sm90_modules_add_the_tma_kernels_and_nothing_fuses_across_them():
-    """sm90 dense modules carry the TMA kernels of both families beside the pointer ones (varlen
-    modules do not), and every kernel is a top-level function: a template whose whitespace trimming
+    """sm90 modules (dense and packed documents) carry the TMA kernels of both families beside the
+    pointer ones, sm80 modules do not, and every kernel is a top-level function: a template whose
+    whitespace trimming
     glued a decorator onto the previous statement (`tl.store(...)@triton.jit`, still valid Python)
     shows up here as a matrix product, which no kernel writes (matmuls are tl.dot)."""
     tma = {"fwd": {"_attn_fwd_tma", "_attn_fwd_tma_inner", "_attn_fwd_tma_tile"},
@@ -374,12 +375,13 @@ def test_sm90_modules_add_the_tma_kernels_and_nothing_fuses_across_them():
                    "_attn_bwd_dq_tma_inner"}}
     for ks in MATRIX[::3]:
         for family in ("fwd", "bwd"):
-            ks90 = ks.replace(family=family, target="sm90")
-            mod = ast.parse(render(ks90))
-            names = set(functions(mod))
-            assert (tma[family] <= names) == (not ks.varlen), ks90.uri
-            assert not (tma[family] & names) or not ks.varlen, ks90.uri
-            assert not [n for n in ast.walk(mod) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult)], ks90.uri
+            for target in ("sm80", "sm90"):
+                kst = ks.replace(family=family, target=target)
+                mod = ast.parse(render(kst))
+                names = set(functions(mod))
+                assert (tma[family] & names) == (tma[family] if target == "sm90" else set()), kst.uri
+                assert not [n for n in ast.walk(mod)
+                            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult)], kst.uri
 
 
 # --------------------------------------------------------------------------------------------------

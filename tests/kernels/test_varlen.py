@@ -14,6 +14,11 @@ from attngen.testing import (assert_flash_rule, assert_lse_close, attention_ref,
 from tests.kernels.cases import DTYPES, built_kernels
 
 DOC_KERNELS = built_kernels("fwd", varlen=True)
+# the runtime on a CPU runs the sm80 family (its pointer kernels); the sm90 family's TMA kernels
+# are called directly below
+RUNTIME_DOC_KERNELS = [(s, p) for s, p in DOC_KERNELS if s.target == "sm80"]
+SM90_DOC_KERNELS = [(s, p) for s, p in DOC_KERNELS if s.target == "sm90"]
+BWD_DOC_KERNELS = {s.replace(family="fwd"): p for s, p in built_kernels("bwd", varlen=True)}
 
 
 def cu_seqlens(lens) -> torch.Tensor:
@@ -51,7 +56,7 @@ def check_varlen(lens_q, lens_k, hq, hkv, d, dtype, seed, deterministic=False, *
                 (q, k, v), dout, grads)
 
 
-@pytest.mark.parametrize("spec,path", DOC_KERNELS, ids=[s.uri for s, _ in DOC_KERNELS])
+@pytest.mark.parametrize("spec,path", RUNTIME_DOC_KERNELS, ids=[s.uri for s, _ in RUNTIME_DOC_KERNELS])
 def test_generated_document_kernels(spec, path):
     """Uneven documents (lengths 1, 17, 113, 300), causal inside each document, GQA of the spec."""
     assert spec.mask == "causal"
@@ -68,3 +73,74 @@ def test_varlen_other_masks(kw, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
     check_varlen([17, 1, 40, 9], [30, 5, 40, 0], 4, 2, 64, torch.float16, seed=12,
                  deterministic=True, **kw)
+
+
+def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1), softcap=0.0):
+    """The sm90 TMA kernels of a document spec, called directly: forward with the plain,
+    persistent and warp-specialized key loops, backward on both dQ paths; outputs poisoned first,
+    checked against the per-document float64 reference with the flash-attn rules."""
+    import attngen.interp
+    from attngen.kernels.bwd import attn_bwd_varlen, bwd_launches
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
+    from attngen.runtime.loader import load_path
+    from attngen.tuning.space import BwdConfig, FwdConfig
+
+    attngen.interp.patch_interpreter()
+    hq, d, dtype = hkv * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype]
+    tq, tk = sum(lens_q), sum(lens_k)
+    q, k, v, dout = random_inputs((tq, hq, d), (tk, hkv, d), (tk, hkv, d), (tq, hq, d), dtype=dtype, seed=21)
+    cu_q, cu_k, mq, mk = cu_seqlens(lens_q), cu_seqlens(lens_k), max(lens_q), max(lens_k)
+    scale = 1.0 / math.sqrt(d)
+    mask, wl, wr = mask_kind(causal, window)
+    assert mask == spec.mask
+    args = MaskArgs(scale=scale, softcap=softcap, window_left=wl, window_right=wr, align_top_left=False)
+    kw = dict(causal=causal, window_size=window, softcap=softcap, scale=scale)
+    fmod, bspec, bmod = load_path(fpath), spec.replace(family="bwd"), load_path(bpath)
+    ref, ref_lse = per_doc_reference(q, k, v, cu_q, cu_k, True, **kw)
+    pt, _ = per_doc_reference(q, k, v, cu_q, cu_k, False, **kw)
+    out = lse = None
+    for cfg in (FwdConfig(32, 32, 4, 1, tma=True), FwdConfig(32, 32, 4, 1, tma=True, persistent=2, lazy_rescale=True),
+                FwdConfig(32, 32, 8, 1, tma=True, warp_specialize=True)):
+        out = torch.full((tq, hq, d), float("nan"), dtype=dtype)
+        lse = torch.full((hq, tq), float("nan"))
+        (la,) = fwd_launches(fmod, spec, q, k, v, out, lse, args, cfg, cu_q, cu_k, mq)
+        assert la.fn.__name__ == "_attn_fwd_tma" and sorted(la.descriptors) == ["desc_k", "desc_q", "desc_v"]
+        assert la.descriptors["desc_q"][1] == [1, hq, tq, d] and la.descriptors["desc_q"][3] == [1, 1, 32, d]
+        attn_fwd_varlen(fmod, spec, q, k, v, out, lse, cu_q, cu_k, mq, args, cfg)
+        assert_flash_rule(f"{spec.uri}/{cfg}", out, ref, pt, factor=2.0)
+        assert_lse_close(f"{spec.uri}/{cfg}/lse", lse, ref_lse)
+    for det in (False, True):
+        cfg = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1, atomic_dq=not det, tma=True)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        names = [la.fn.__name__ for la in bwd_launches(bmod, bspec, q, k, v, out, dout, lse, lse, *grads, args,
+                                                        cfg, not det, cu_q, cu_k, mq, mk)]
+        assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma"] + (["_attn_bwd_dq_tma"] if det else [])
+        attn_bwd_varlen(bmod, bspec, q, k, v, out, dout, lse, *grads, cu_q, cu_k, mq, mk, args, cfg, det)
+        check_grads(f"{spec.uri}/tma/deterministic={det}",
+                    lambda *t, upcast: per_doc_reference(*t, cu_q, cu_k, upcast, **kw)[0], (q, k, v), dout, grads)
+
+
+@pytest.mark.parametrize("spec,path", SM90_DOC_KERNELS, ids=[s.uri for s, _ in SM90_DOC_KERNELS])
+def test_sm90_document_kernels_tma(spec, path):
+    """The sm90 family's document kernels load Q, K, V (and dO) through descriptors over the
+    (1, H, T, D) views from each document's first row, so a tile past a document's end reads the
+    next document's rows (documents of 1, 17, 113 and 70 tokens, 32-row tiles): the masked stages
+    must drop them, and O, dQ, dK, dV leave through masked pointer stores that never touch a
+    neighbour."""
+    run_sm90_tma(spec, path, BWD_DOC_KERNELS[spec], [1, 17, 113, 70], [1, 17, 113, 70], 2, causal=True)
+
+
+@pytest.mark.parametrize("mask,dtype,gqa,kw", [
+    ("none", "fp16", 2, dict(causal=False, softcap=20.0)),
+    ("sliding_window", "bf16", 1, dict(causal=True, window=(15, 0))),
+    ("sliding_window", "fp16", 2, dict(causal=False, window=(9, 4)))], ids=["none_softcap", "swa", "swa_2sided"])
+def test_sm90_tma_other_document_masks(mask, dtype, gqa, kw, tmp_path, monkeypatch):
+    """The same on kernels rendered on demand, Sq != Sk per document and an empty key document."""
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    monkeypatch.setenv("ATTNGEN_CACHE_DIR", str(tmp_path))
+    spec = KernelSpec("fwd", dtype, "sm90", 64, 64, gqa, mask, softcap=bool(kw.get("softcap")), varlen=True)
+    fpath, bpath = (loader.module_path(spec.replace(family=f)) for f in ("fwd", "bwd"))
+    run_sm90_tma(spec, fpath, bpath, [17, 1, 40, 9], [30, 5, 40, 0], 2, **kw)
