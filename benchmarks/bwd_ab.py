@@ -5,6 +5,11 @@ the forward's FLOPs (the backward's five matmuls).
     python3 benchmarks/bwd_ab.py --out bwd_ab.json               # head-dim tiles: split vs pad
     python3 benchmarks/bwd_ab.py --out bwd_ab.json --configs     # launch configs (pointer / TMA
                                                                  # kernels, dQ pass / TMA reduce-add)
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json --switch head_chunks=split,pad
+                                 # codegen options (attngen.codegen.render.template_context) on
+                                 # the --configs cases with the default config
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json --config 64,64,8,2 --config 128,64,8,2
+                                 # the default against other dK/dV tiles / warps / stages
 """
 
 from __future__ import annotations
@@ -85,10 +90,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--configs", action="store_true", help="launch configs instead of head-dim tiles")
+    ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a codegen option)")
+    ap.add_argument("--cases", default=None, help="comma-separated case indices")
+    ap.add_argument("--config", action="append", default=[],
+                    help="M,N,W,S: the default config with these dK/dV tiles, warps, stages (repeatable; "
+                         "the default itself is measured first)")
     args = ap.parse_args()
+    switches = [{}]
+    for sw in args.switch:
+        key, values = sw.split("=", 1)
+        switches = [{**v, key: val} for v in switches for val in values.split(",")]
+    cases = CONFIG_CASES if (args.configs or args.switch or args.config) else CASES
+    if args.cases:
+        cases = [cases[int(i)] for i in args.cases.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="attngen_bwd_ab_"))
     rows = []
-    for name, B, H, Hkv, S, D, causal in (CONFIG_CASES if args.configs else CASES):
+    for name, B, H, Hkv, S, D, causal in cases:
         g = torch.Generator(device="cuda").manual_seed(D)
         q, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
@@ -105,8 +122,16 @@ def main():
         sub = [t.requires_grad_(True) for t in sub]
         ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
         flops = 2.5 * 4 * B * H * (S * S / (2 if causal else 1)) * D
-        variants = ([({}, c) for c in config_variants(bspec)] if args.configs
-                    else [({"head_chunks": p}, default_bwd_config(bspec)) for p in ("split", "pad")])
+        if args.config:
+            d = default_bwd_config(bspec)
+            variants = [({}, d)] + [({}, dataclasses.replace(d, **dict(zip(
+                ("block_m", "block_n", "num_warps", "num_stages"), map(int, c.split(",")))))) for c in args.config]
+        elif args.switch:
+            variants = [(sw, default_bwd_config(bspec)) for sw in switches]
+        elif args.configs:
+            variants = [({}, c) for c in config_variants(bspec)]
+        else:
+            variants = [({"head_chunks": p}, default_bwd_config(bspec)) for p in ("split", "pad")]
         row = {"case": name, "results": []}
         for switch, cfg in variants:
             rec = {"switch": switch, "config": cfg.as_dict()}
