@@ -48,6 +48,7 @@ CONFIG_CASES = [
     ("causal B4 H32 S4096 hd64", 4, 32, 32, 4096, 64, True),
     ("causal B4 H32 S4096 hd96", 4, 32, 32, 4096, 96, True),
     ("causal B2 H16 S4096 hd256", 2, 16, 16, 4096, 256, True),
+    ("window1024 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 1024),
 ]
 
 
@@ -93,8 +94,8 @@ def main():
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a codegen option)")
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--config", action="append", default=[],
-                    help="M,N,W,S: the default config with these dK/dV tiles, warps, stages (repeatable; "
-                         "the default itself is measured first)")
+                    help="M,N,W,S[,dqM,dqN,dqW,dqS]: the default config with these dK/dV (and dQ) tiles, "
+                         "warps, stages (repeatable; the default itself is measured first)")
     args = ap.parse_args()
     switches = [{}]
     for sw in args.switch:
@@ -105,27 +106,36 @@ def main():
         cases = [cases[int(i)] for i in args.cases.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="attngen_bwd_ab_"))
     rows = []
-    for name, B, H, Hkv, S, D, causal in cases:
+    for name, B, H, Hkv, S, D, causal, *win in cases:
+        window = win[0] if win else None
         g = torch.Generator(device="cuda").manual_seed(D)
         q, dout = (torch.randn(B, H, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-        mask = "causal" if causal else "none"
+        mask = "sliding_window" if window else "causal" if causal else "none"
         fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, mask)
         bspec = fspec.replace(family="bwd")
-        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=-1, window_right=0 if causal else -1,
-                         align_top_left=False)
+        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=window or -1,
+                         window_right=0 if causal else -1, align_top_left=False)
         out, lse = torch.empty_like(q), torch.empty(B, H, S, device="cuda")
         attn_fwd(loader.load(fspec), fspec, q, k, v, out, lse, margs, default_fwd_config(fspec, "cuda", S))
         r = H // Hkv
         sub = [q[:1, :2].float(), k[:1, :2 // r or 1].float(), v[:1, :2 // r or 1].float()]
         sub = [sub[0]] + [t.repeat_interleave(2 // t.shape[1], 1) for t in sub[1:]]
         sub = [t.requires_grad_(True) for t in sub]
-        ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
-        flops = 2.5 * 4 * B * H * (S * S / (2 if causal else 1)) * D
+        if window:  # causal with `window` keys to the left: a dense boolean mask for the reference
+            i = torch.arange(S, device="cuda")
+            keep = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - window)
+            ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, attn_mask=keep), sub, dout[:1, :2].float())
+            pairs = float(keep.sum())
+        else:
+            ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
+            pairs = S * S / (2 if causal else 1)
+        flops = 2.5 * 4 * B * H * pairs * D
         if args.config:
             d = default_bwd_config(bspec)
             variants = [({}, d)] + [({}, dataclasses.replace(d, **dict(zip(
-                ("block_m", "block_n", "num_warps", "num_stages"), map(int, c.split(",")))))) for c in args.config]
+                ("block_m", "block_n", "num_warps", "num_stages", "dq_block_m", "dq_block_n", "dq_num_warps",
+                 "dq_num_stages"), map(int, c.split(",")))))) for c in args.config]
         elif args.switch:
             variants = [(sw, default_bwd_config(bspec)) for sw in switches]
         elif args.configs:

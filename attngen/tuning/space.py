@@ -278,6 +278,11 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
+        if spec.mask == "sliding_window":
+            # 32-query steps in the dK/dV pass waste less on the window's two masked edges: a
+            # 1024-key window, GQA 32/8, S8192: 284 vs 259 TFLOP/s backward-only; on plain causal
+            # they lose a little (341 vs 348) (h200_ab_bwd_window_2026-12-01.json)
+            return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=tma)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)
     return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2, tma=tma)
