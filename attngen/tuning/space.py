@@ -20,8 +20,9 @@ class FwdConfig:
     num_warps: int
     num_stages: int
     # sm90 family: Q/K/V/O through TMA tensor descriptors (calls with 16-byte aligned rows, packed
-    # documents included; others fall back to pointer loads), and the key loop warp-specialized (producer warps issue
-    # the TMA loads, consumer warps compute; needs tma, and runs the mask stages as one loop)
+    # documents included; others fall back to pointer loads), and the key loop warp-specialized
+    # (producer warps issue the TMA loads, consumer warps compute; needs tma, and runs the mask
+    # stages as one loop)
     tma: bool = False
     warp_specialize: bool = False
     # online softmax: move a row's running max only when it grows by more than 8 (log2 domain) and
