@@ -195,8 +195,8 @@ def test_warmup_runs_each_bucket():
 
 
 def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
-    """The sm90 family's TMA kernel runs for aligned dense views; a misaligned base (or a varlen
-    call) gets the pointer kernel; both compute the same attention."""
+    """The sm90 family's TMA kernel runs for aligned views; a misaligned base gets the pointer
+    kernel; both compute the same attention."""
     spec = KernelSpec("fwd", "fp16", "sm90", 64, 64, 2, "causal")
     mod = loader.load(spec)
     mask = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
@@ -265,6 +265,56 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
     finally:
         api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
 
+
+
+def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
+    """attention_varlen through the runtime's plans with the sm90 TMA configs: descriptors over
+    the packed tensors rebuilt per call (a warm call with other values), a misaligned call served
+    by the pointer kernels under the same key, gradients through the same plans."""
+    import dataclasses
+
+    from attngen.runtime import dispatch
+
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+        (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
+        else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
+    monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)
+    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    lens = [7, 40, 1, 33]
+    T = sum(lens)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+    try:
+        q, k, v, dout = random_inputs((T, 4, 64), (T, 2, 64), (T, 2, 64), (T, 4, 64), dtype=torch.float16, seed=51)
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out = attngen.attention_varlen(*leaves, cu, cu, max(lens), max(lens), causal=True)
+        grads = torch.autograd.grad(out, leaves, dout)
+        plan = next(iter(api._FWD.values()))
+        assert plan.launches_spec[0].fn.__name__ == "_attn_fwd_tma"
+        bplan = next(iter(api._BWD.values()))
+        assert [la.fn.__name__ for la in bplan.launches] == [
+            "_attn_bwd_preprocess", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"]
+        q2 = torch.randn_like(q)
+        warm = attngen.attention_varlen(q2, k, v, cu, cu, max(lens), max(lens), causal=True)
+        buf = torch.empty(q.numel() + 8, dtype=q.dtype)
+        q_odd = buf[1:1 + q.numel()].view(q.shape).copy_(q)  # 2-byte offset: no TMA
+        odd = attngen.attention_varlen(q_odd, k, v, cu, cu, max(lens), max(lens), causal=True)
+        assert torch.equal(out.detach(), odd) and len(api._FWD) == 1 and plan._fallback is not None
+        for query, got in ((q, out), (q2, warm)):
+            per_doc = [attention_ref(*(t[a:b].transpose(0, 1).unsqueeze(0) for t in (query, k, v)), causal=True)[0]
+                       for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
+            ref = torch.cat([o[0].transpose(0, 1) for o in per_doc])
+            torch.testing.assert_close(got.detach().double(), ref, atol=2e-3, rtol=0)
+        odd_leaves = [q_odd.requires_grad_(True)] + [t.clone().requires_grad_(True) for t in (k, v)]
+        odd_grads = torch.autograd.grad(attngen.attention_varlen(*odd_leaves, cu, cu, max(lens), max(lens),
+                                                                 causal=True), odd_leaves, dout)
+        assert len(api._BWD) == 1 and bplan._fallback is not None
+        assert [la.fn.__name__ for la in bplan._fallback.launches] == [
+            "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
+        for g, g_odd in zip(grads, odd_grads):
+            torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
+    finally:
+        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
 
 def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
     """A tiny call on the sm90 family takes the pointer kernel even when its config says TMA."""
