@@ -49,6 +49,7 @@ CONFIG_CASES = [
     ("causal B4 H32 S4096 hd96", 4, 32, 32, 4096, 96, True),
     ("causal B2 H16 S4096 hd256", 2, 16, 16, 4096, 256, True),
     ("window1024 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 1024),
+    ("window4096 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 4096),
 ]
 
 
