@@ -18,16 +18,19 @@ class Family:
     template: str  # templates/<template>
     config: type  # the frozen launch-config dataclass (tuning/space.py)
     check: Callable  # (KernelSpec, config) -> None | reason it cannot launch
-    default: Callable  # (KernelSpec, device_kind, seqlen_q class) -> config
+    # (KernelSpec, device_kind, seqlen_q class, window: keys a query sees under a sliding window,
+    # or None) -> config
+    default: Callable
     kernels: tuple[str, ...]  # the @triton.jit entry points the generated module defines
 
 
 FAMILIES: dict[str, Family] = {
     "fwd": Family("fwd", "attn_fwd.py.jinja", space.FwdConfig, space.check_fwd,
-                  space.default_fwd_config, ("_attn_fwd",)),
+                  lambda spec, kind, seqlen_q=0, window=None: space.default_fwd_config(spec, kind, seqlen_q),
+                  ("_attn_fwd",)),
     "bwd": Family("bwd", "attn_bwd.py.jinja", space.BwdConfig,
                   getattr(space, "check_bwd", lambda spec, cfg: None),
-                  lambda spec, kind, seqlen_q=0: space.default_bwd_config(spec, kind),
+                  lambda spec, kind, seqlen_q=0, window=None: space.default_bwd_config(spec, kind, window),
                   ("_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq")),
 }
 assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"

@@ -21,7 +21,7 @@ import torch
 
 from attngen import env
 from attngen.kernels.bwd import bwd_launches
-from attngen.kernels.common import MaskArgs, default_scale, mask_kind
+from attngen.kernels.common import UNBOUNDED, MaskArgs, default_scale, mask_kind
 from attngen.kernels.fwd import fwd_launches
 from attngen.runtime import dispatch, loader
 from attngen.kernels.launch import make_descriptors
@@ -110,6 +110,13 @@ class Options:
     window_right: int
     top_left: bool
     layout: str  # "bhsd" | "bshd" | "packed"
+
+    @property
+    def window(self) -> int | None:
+        """Keys one query sees at most under a sliding-window mask (None for other masks)."""
+        if self.mask != "sliding_window":
+            return None
+        return min(self.window_left, UNBOUNDED) + min(self.window_right, UNBOUNDED) + 1
 
     @property
     def mask_args(self) -> MaskArgs:
@@ -208,7 +215,7 @@ def resolve(family: str, q, d: Dims, opts: Options, packed: bool):
                                   opts.softcap, packed)
     module = loader.load(spec)
     dev_class = dispatch.device_class(q.device, interpret)
-    config, source = dispatch.select_config(spec, module.TEMPLATE_HASH, dev_class, d.bucket)
+    config, source = dispatch.select_config(spec, module.TEMPLATE_HASH, dev_class, d.bucket, opts.window)
     return spec, module, dev_class, config, source
 
 

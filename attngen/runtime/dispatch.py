@@ -100,8 +100,10 @@ def device_kind(device: torch.device, interpret: bool) -> str:
     return "cpu" if interpret else device.type
 
 
-def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: ShapeBucket):
-    """(config, source): source says where it came from ("tuned" or "default")."""
+def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: ShapeBucket,
+                  window: int | None = None):
+    """(config, source): source says where it came from ("tuned" or "default"). `window`: the keys
+    one query sees at most under a sliding-window mask (the default table's tiles depend on it)."""
     fam = family(spec.family)
     if dev_class != CPU_CLASS:
         from attngen.tuning import winners  # stdlib sqlite3 only; read once per process
@@ -113,4 +115,4 @@ def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: 
             if fam.check(spec, cfg) is None:
                 return cfg, "tuned"
     kind = "cpu" if dev_class == CPU_CLASS else "cuda"
-    return fam.default(spec, kind, bucket.seqlen_q), "default"
+    return fam.default(spec, kind, bucket.seqlen_q, window), "default"

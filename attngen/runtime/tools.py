@@ -21,7 +21,7 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
 
     bwd_mod = loader.load(bwd_spec)
     bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.TEMPLATE_HASH, plan.device_class,
-                                                 plan.bucket)
+                                                 plan.bucket, opts.window)
     launch = plan.launches_spec[0]
     why = ("the tuning database's winner for this kernel, device class and bucket (or its nearest "
            "tuned bucket)" if plan.config_source == "tuned" else

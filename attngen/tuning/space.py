@@ -266,23 +266,29 @@ def _sm90_fwd_default(d: int) -> FwdConfig:
     return FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True)
 
 
-def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda") -> BwdConfig:
+SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
+
+
+def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int | None = None) -> BwdConfig:
     """On the H200 sweep the separate dQ pass beat fp32 atomics (hd128 causal: 347 vs 302 TFLOP/s
     backward-only), so it is the default; atomic_dq stays a tunable knob. The sm90 family's dense
     calls take its TMA kernels, which won on every case of the H200 A/B with the same tiles
     (backward-only TFLOP/s, TMA vs pointer: hd128 causal 367 vs 309, full 402 vs 358, GQA 32/8
     362 vs 300, hd64 308 vs 302, hd96 312 vs 293, hd256 179 vs 159;
     benchmarks/results/h200_ab_bwd_tma_2026-11-30.json); packed documents too (8 causal 1024-token
-    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json)."""
+    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json).
+    `window`: the keys one query sees at most under a sliding-window mask (None: not known, as for
+    the tuner's baseline)."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
-        if spec.mask == "sliding_window":
-            # 32-query steps in the dK/dV pass waste less on the window's two masked edges: a
-            # 1024-key window, GQA 32/8, S8192: 284 vs 259 TFLOP/s backward-only; on plain causal
-            # they lose a little (341 vs 348) (h200_ab_bwd_window_2026-12-01.json)
+        if spec.mask == "sliding_window" and window is not None and window <= SHORT_WINDOW:
+            # 32-query steps in the dK/dV pass waste less on a short window's two masked edges: a
+            # 1024-key window, GQA 32/8, S8192: 284 vs 259-262 TFLOP/s backward-only; with 4096 keys
+            # the edges matter less and they lose (340 vs 353), as on plain causal (341 vs 348)
+            # (h200_ab_bwd_window_2026-12-01.json, h200_ab_bwd_window4096_2026-12-01.json)
             return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=tma)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)

@@ -226,7 +226,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
     from attngen.runtime import dispatch
 
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
-    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
     monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
@@ -276,7 +276,7 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
     from attngen.runtime import dispatch
 
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
-    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
     monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)
@@ -321,7 +321,7 @@ def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
     from attngen.runtime import dispatch
 
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
-    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b: (
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dispatch.family("bwd").default(spec, "cpu"), "test")))
     api._FWD.clear(), api._FAST.clear()
@@ -347,3 +347,21 @@ def test_lse_scratch_does_not_leak_into_returned_lse():
     assert torch.equal(out1, out2) and lse2.data_ptr() != lse3.data_ptr()
     _, ref_lse = attention_ref(q, k, v, causal=True)
     torch.testing.assert_close(lse2.double(), ref_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_window_backward_default_follows_the_call_window():
+    """The sliding-window backward's default tiles depend on the window the call asks for (short
+    windows take 32-query dK/dV steps, long or unknown ones the 64-query default), and the runtime
+    passes the call's window through Options.window."""
+    from attngen.runtime import dispatch
+    from attngen.tuning.buckets import bucket_of
+
+    spec = KernelSpec("bwd", "fp16", "sm90", 128, 128, 4, "sliding_window")  # not in the shipped DB
+    bucket = bucket_of(8192, 8192, 32)
+    picks = {w: dispatch.select_config(spec, "0" * 16, "h100", bucket, w) for w in (1025, 4097, None)}
+    assert all(src == "default" for _, src in picks.values())
+    assert [picks[w][0].block_m for w in (1025, 4097, None)] == [32, 64, 64]
+    opts = api.make_options(128, True, (1024, 0), 0.0, None, "bottom_right", "bhsd")
+    assert opts.window == 1025
+    assert api.make_options(128, False, (9, 4), 0.0, None, "bottom_right", "bhsd").window == 14
+    assert api.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").window is None
