@@ -217,6 +217,16 @@ def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
         assert_flash_rule("sm90", out, ref, pt, 2.0)
 
 
+def assert_pointer_fallback(bplan, grads, odd_grads):
+    """A misaligned call under the same backward key went through the plan's pointer-kernel
+    fallback and got the same gradients as the TMA kernels."""
+    assert len(api._BWD) == 1 and bplan._fallback is not None  # same key, pointer kernels
+    assert [la.fn.__name__ for la in bplan._fallback.launches] == [
+        "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
+    for g, g_odd in zip(grads, odd_grads):
+        torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
+
+
 def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
     """The runtime's plan path with the sm90 family's TMA configs (forward and backward):
     descriptors rebuilt around each call's tensors, a misaligned call served by the pointer
@@ -257,14 +267,9 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
         odd_leaves = [q_odd.requires_grad_(True)] + [t.clone().requires_grad_(True) for t in (k, v)]
         odd_grads = torch.autograd.grad(attngen.attention(*odd_leaves, causal=True, layout="bshd"),
                                         odd_leaves, dout)
-        assert len(api._BWD) == 1 and bplan._fallback is not None  # same key, pointer kernels
-        assert [la.fn.__name__ for la in bplan._fallback.launches] == [
-            "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
-        for g, g_odd in zip(grads, odd_grads):
-            torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
+        assert_pointer_fallback(bplan, grads, odd_grads)
     finally:
         api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
-
 
 
 def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
@@ -308,13 +313,10 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
         odd_leaves = [q_odd.requires_grad_(True)] + [t.clone().requires_grad_(True) for t in (k, v)]
         odd_grads = torch.autograd.grad(attngen.attention_varlen(*odd_leaves, cu, cu, max(lens), max(lens),
                                                                  causal=True), odd_leaves, dout)
-        assert len(api._BWD) == 1 and bplan._fallback is not None
-        assert [la.fn.__name__ for la in bplan._fallback.launches] == [
-            "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
-        for g, g_odd in zip(grads, odd_grads):
-            torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
+        assert_pointer_fallback(bplan, grads, odd_grads)
     finally:
         api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+
 
 def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
     """A tiny call on the sm90 family takes the pointer kernel even when its config says TMA."""
