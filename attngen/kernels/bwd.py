@@ -8,8 +8,8 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, lse_strides, needs_int64, packed_view, programs, strides4,
-                                   tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
+                                   strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig
 
@@ -51,7 +51,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     n_blocks = triton.cdiv(rows_k, cfg.block_n)
     dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
     pre = Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
-                 {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1, 4)
+                 {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1)
     dkdv_values = {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
                    "BLOCK_N": cfg.block_n}
     dq_values = {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m, "BLOCK_N": cfg.dq_block_n}
@@ -62,16 +62,15 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n, packed=packed))
         dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, True, packed))
         if dkdv_descs is not None and dq_descs is not None:  # else a stride the copy engine cannot take
-            # + Lse, Delta (packed: + DK, DV / DQ and cu_seqlens_q / _k, stored through pointers)
             launches = [pre, Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, dkdv_values, cfg.num_warps,
-                                    cfg.num_stages, len(dkdv_descs) + (6 if packed else 2), dkdv_descs)]
+                                    cfg.num_stages, dkdv_descs)]
             if not atomic:
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, dq_values, cfg.dq_num_warps,
-                                       cfg.dq_num_stages, len(dq_descs) + (5 if packed else 2), dq_descs))
+                                       cfg.dq_num_stages, dq_descs))
             return launches
-    launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages, 11)]
+    launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
     if not atomic:
-        launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages, 9))
+        launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))
     return launches
 
 
@@ -90,11 +89,10 @@ def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass
         groups.append(("dq", "DQ", "qk", rows_m))
     if not (dq_pass or packed):
         groups += [("dk", "DK", "qk", rows_n), ("dv", "DV", "v", rows_n)]
-    as4 = packed_view if packed else (lambda t: t)
     for short, name, which, rows in groups:
         tiles = mod.QK_TILES if which == "qk" else mod.V_TILES
         for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
-            views[param] = (name, as4(tensors[name]))
+            views[param] = (name, descriptor_view(tensors[name], packed))
             blocks[param] = [1, 1, rows, width]
     return views, blocks
 

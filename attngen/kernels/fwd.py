@@ -7,13 +7,10 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, lse_strides, needs_int64, packed_view, programs, sm_count,
-                                   strides4, tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
+                                   sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
-
-TENSORS = ("Q", "K", "V", "Out", "Lse", "cu_seqlens_q", "cu_seqlens_k")
-
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
@@ -51,9 +48,8 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         values.update(WARP_SPEC=bool(cfg.warp_specialize), PERSISTENT=cfg.persistent > 0, num_tiles=grid)
         if cfg.persistent > 0:
             grid = min(grid, cfg.persistent * sm_count(q.device))
-        tensors = len(descs) + (4 if packed else 1)  # + Lse (+ Out, cu_seqlens_q / _k)
-        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, tensors, descs)]
-    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, len(TENSORS))]
+        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs)]
+    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages)]
 
 
 def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:
@@ -62,13 +58,12 @@ def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = Fal
     documents: (1, H, T, D) views of the (T, H, D) tensors, and no O descriptor (the kernel stores
     O through masked pointers, a tile may run past its document)."""
     views, blocks = {}, {}
-    as4 = packed_view if packed else (lambda t: t)
     groups = ((mod.QK_TILES, (("q", "Q", q, cfg.block_m), ("k", "K", k, cfg.block_n))),
               (mod.V_TILES, (("v", "V", v, cfg.block_n),) + (() if packed else (("o", "Out", out, cfg.block_m),))))
     for tiles, group in groups:
         for short, name, tensor, rows in group:
             for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
-                views[param] = (name, as4(tensor))
+                views[param] = (name, descriptor_view(tensor, packed))
                 blocks[param] = [1, 1, rows, width]
     return views, blocks
 

@@ -4,7 +4,8 @@ A family's launcher (fwd.py, bwd.py, ...) computes named values -- tensors, stri
 values, constexprs -- and the generated kernel's own signature decides their order
 (`fn.arg_names`), so no launcher writes a kernel's positional argument list by hand and a template
 that adds a parameter needs no launcher edit beyond the value. By convention a kernel's pointer
-parameters come first: a cached launch replays the same scalars with new tensors.
+and descriptor parameters come first and end at its first stride: a cached launch replays the
+same scalars with new tensors.
 """
 
 from __future__ import annotations
@@ -26,10 +27,17 @@ class Launch:
     values: dict[str, Any]  # kernel parameter name -> value (constexprs included)
     num_warps: int
     num_stages: int
-    num_tensors: int = 0  # the leading pointer / descriptor parameters
     # TMA descriptor parameters: name -> (tensor name, shape, strides, block shape); rebuilt around
     # each call's tensors by whoever replays the launch (runtime plans)
     descriptors: dict | None = None
+
+    @property
+    def num_tensors(self) -> int:
+        """The leading pointer / descriptor parameters: those before the kernel's first stride."""
+        for i, name in enumerate(self.fn.arg_names):
+            if name.startswith("stride_"):
+                return i
+        raise TypeError(f"{self.fn.__name__}: no stride parameter ends its tensor parameters")
 
     def args(self) -> tuple:
         names = self.fn.arg_names
@@ -63,10 +71,11 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     return out
 
 
-def packed_view(t):
-    """The (1, H, T, D) view of a packed (T, H, D) tensor: the TMA kernels of packed documents
-    address it as batch 0, head h, rows from the document's first token."""
-    return t.permute(1, 0, 2).unsqueeze(0)
+def descriptor_view(t, packed: bool):
+    """The 4-D view a TMA descriptor covers: a dense (B, H, S, D) view as it is; a packed (T, H, D)
+    tensor as (1, H, T, D), which the packed-document kernels address as batch 0, head h, rows from
+    the document's first token."""
+    return t.permute(1, 0, 2).unsqueeze(0) if packed else t
 
 
 def tile_names(prefix: str, tiles) -> list[str]:

@@ -21,7 +21,7 @@ import torch
 
 from attngen import env
 from attngen.kernels.bwd import bwd_launches
-from attngen.kernels.common import UNBOUNDED, MaskArgs, default_scale, mask_kind
+from attngen.kernels.common import MaskArgs, default_scale, mask_kind
 from attngen.kernels.fwd import fwd_launches
 from attngen.runtime import dispatch, loader
 from attngen.kernels.launch import make_descriptors
@@ -116,7 +116,7 @@ class Options:
         """Keys one query sees at most under a sliding-window mask (None for other masks)."""
         if self.mask != "sliding_window":
             return None
-        return min(self.window_left, UNBOUNDED) + min(self.window_right, UNBOUNDED) + 1
+        return self.window_left + self.window_right + 1  # an unbounded side counts UNBOUNDED keys
 
     @property
     def mask_args(self) -> MaskArgs:
