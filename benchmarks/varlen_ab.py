@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +25,9 @@ from attngen.kernels.fwd import attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig, FwdConfig, check_bwd, check_fwd
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fwd_ab import render_variant  # noqa: E402
 
 CASES = [  # name, document lengths, Hq, Hkv, D
     ("8 docs x 1024 causal gqa32/8 hd128", [1024] * 8, 32, 8, 128),
@@ -56,7 +62,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", choices=("fwd", "bwd"), help="one direction only")
+    ap.add_argument("--switch", default=None,
+                    help="name=v1,v2,...: a codegen option (attngen.codegen.render.template_context); "
+                         "each value's modules with the default TMA configs only")
     args = ap.parse_args()
+    switches = [{}]
+    if args.switch:
+        key, values = args.switch.split("=", 1)
+        switches = [{key: val} for val in values.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="attngen_varlen_ab_"))
     rows = []
     for name, lens, H, Hkv, D in CASES:
         T = sum(lens)
@@ -67,66 +81,76 @@ def main():
         mx = max(lens)
         fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, "causal", varlen=True)
         bspec = fspec.replace(family="bwd")
-        fmod, bmod = loader.load(fspec), loader.load(bspec)
-        margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=1 << 30, window_right=0,
-                         align_top_left=False)
-        r = H // Hkv
-        ref_out, ref_grads = reference(q, k, v, dout, cu.tolist(), r)
-        flops = sum(4 * H * n * n / 2 * D for n in lens)
-        row = {"case": name, "lens": lens, "fwd": [], "bwd": []}
-        out, lse = torch.empty_like(q), torch.empty(H, T, device="cuda")
-        for cfg in FWD if args.only != "bwd" else []:
-            rec = {"config": cfg.as_dict()}
-            why = check_fwd(fspec, cfg)
-            if why:
-                rec["error"] = f"invalid: {why}"
-            else:
-                try:
-                    out.fill_(float("nan"))
-                    run = lambda: attn_fwd_varlen(fmod, fspec, q, k, v, out, lse, cu, cu, mx, margs, cfg)  # noqa: E731
-                    run()
-                    torch.cuda.synchronize()
-                    rec["max_err"] = (out[:, :r].float() - ref_out).abs().max().item()
-                    if not rec["max_err"] < 2e-2:
-                        rec["error"] = f"wrong result: max err {rec['max_err']}"
-                    else:
-                        ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
-                        rec["ms"], rec["tflops"] = ms, flops / ms / 1e9
-                except Exception as exc:  # noqa: BLE001
-                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            row["fwd"].append(rec)
-            print(name, "fwd", rec, flush=True)
-        attn_fwd_varlen(fmod, fspec, q, k, v, out, lse, cu, cu, mx, margs, FWD[0])
-        for cfg in BWD if args.only != "fwd" else []:
-            rec = {"config": cfg.as_dict()}
-            why = check_bwd(bspec, cfg)
-            if why:
-                rec["error"] = f"invalid: {why}"
-            else:
-                try:
-                    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-                    run = lambda: attn_bwd_varlen(bmod, bspec, q, k, v, out, dout, lse, dq, dk, dv, cu, cu,  # noqa: E731
-                                                  mx, mx, margs, cfg, False)
-                    run()
-                    torch.cuda.synchronize()
-                    # dK / dV of KV head 0 sum its r query heads
-                    errs = [(dq[:, :r].float() - ref_grads[0]).abs().max().item(),
-                            (dk[:, :1].float() - ref_grads[1].sum(1, keepdim=True)).abs().max().item(),
-                            (dv[:, :1].float() - ref_grads[2].sum(1, keepdim=True)).abs().max().item()]
-                    rec["max_err"] = max(errs)
-                    if not (rec["max_err"] < 5e-2 and torch.isfinite(dk).all() and torch.isfinite(dv).all()):
-                        rec["error"] = f"wrong result: max err {rec['max_err']}"
-                    else:
-                        ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
-                        rec["ms"], rec["tflops"] = ms, 2.5 * flops / ms / 1e9
-                except Exception as exc:  # noqa: BLE001
-                    rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            row["bwd"].append(rec)
-            print(name, "bwd", rec, flush=True)
-        rows.append(row)
+        for sw in switches:
+            fmod, bmod = ((render_variant(fspec, sw, tmp), render_variant(bspec, sw, tmp)) if sw
+                          else (loader.load(fspec), loader.load(bspec)))
+            rows.append(run_case(args, name, lens, q, k, v, dout, cu, mx, fspec, bspec, fmod, bmod, sw))
         with open(args.out, "w") as fh:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "triton": triton.__version__, "rows": rows}, fh, indent=1)
+
+
+def run_case(args, name, lens, q, k, v, dout, cu, mx, fspec, bspec, fmod, bmod, sw):
+    """One case with one pair of modules: forward and backward configs, checked, then timed."""
+    T, H, D = q.shape
+    Hkv = k.shape[1]
+    fwd_cfgs, bwd_cfgs = (FWD, BWD) if not sw else ([FWD[2]], [BWD[1]])
+    margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=1 << 30, window_right=0,
+                     align_top_left=False)
+    r = H // Hkv
+    ref_out, ref_grads = reference(q, k, v, dout, cu.tolist(), r)
+    flops = sum(4 * H * n * n / 2 * D for n in lens)
+    row = {"case": name, "lens": lens, "switch": sw, "fwd": [], "bwd": []}
+    out, lse = torch.empty_like(q), torch.empty(H, T, device="cuda")
+    for cfg in fwd_cfgs if args.only != "bwd" else []:
+        rec = {"config": cfg.as_dict()}
+        why = check_fwd(fspec, cfg)
+        if why:
+            rec["error"] = f"invalid: {why}"
+        else:
+            try:
+                out.fill_(float("nan"))
+                run = lambda: attn_fwd_varlen(fmod, fspec, q, k, v, out, lse, cu, cu, mx, margs, cfg)  # noqa: E731
+                run()
+                torch.cuda.synchronize()
+                rec["max_err"] = (out[:, :r].float() - ref_out).abs().max().item()
+                if not rec["max_err"] < 2e-2:
+                    rec["error"] = f"wrong result: max err {rec['max_err']}"
+                else:
+                    ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+                    rec["ms"], rec["tflops"] = ms, flops / ms / 1e9
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["fwd"].append(rec)
+        print(name, sw, "fwd", rec, flush=True)
+    attn_fwd_varlen(fmod, fspec, q, k, v, out, lse, cu, cu, mx, margs, FWD[0])
+    for cfg in bwd_cfgs if args.only != "fwd" else []:
+        rec = {"config": cfg.as_dict()}
+        why = check_bwd(bspec, cfg)
+        if why:
+            rec["error"] = f"invalid: {why}"
+        else:
+            try:
+                dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+                run = lambda: attn_bwd_varlen(bmod, bspec, q, k, v, out, dout, lse, dq, dk, dv, cu, cu,  # noqa: E731
+                                              mx, mx, margs, cfg, False)
+                run()
+                torch.cuda.synchronize()
+                # dK / dV of KV head 0 sum its r query heads
+                errs = [(dq[:, :r].float() - ref_grads[0]).abs().max().item(),
+                        (dk[:, :1].float() - ref_grads[1].sum(1, keepdim=True)).abs().max().item(),
+                        (dv[:, :1].float() - ref_grads[2].sum(1, keepdim=True)).abs().max().item()]
+                rec["max_err"] = max(errs)
+                if not (rec["max_err"] < 5e-2 and torch.isfinite(dk).all() and torch.isfinite(dv).all()):
+                    rec["error"] = f"wrong result: max err {rec['max_err']}"
+                else:
+                    ms = triton.testing.do_bench(run, warmup=10, rep=50, return_mode="median")
+                    rec["ms"], rec["tflops"] = ms, 2.5 * flops / ms / 1e9
+            except Exception as exc:  # noqa: BLE001
+                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["bwd"].append(rec)
+        print(name, sw, "bwd", rec, flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -93,9 +93,13 @@ def column_tiles(spec: KernelSpec, which: str, policy: str = "split") -> list[di
 def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,
                      options: dict | None = None) -> dict:
     """Everything the templates read. options: codegen choices for A/B runs
-    (benchmarks/fwd_ab.py): {"head_chunks": "split" | "pad"}; the build always uses the defaults."""
+    (benchmarks/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
+    "auto" | "on" | "off", "doc_guard": "on" | "off"}; the build always uses the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
+    # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64
+    # +4-5 %, hd128 up to -24 % under spills; benchmarks/README.md)
+    dp_first = {"auto": spec.pad_qk <= 64, "on": True, "off": False}[options.get("dp_first", "auto")]
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {
@@ -116,6 +120,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "v_tiles": column_tiles(spec, "v", policy),
         "int_params": unspecialized_ints(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
+        "dp_first": dp_first,
+        "doc_guard": options.get("doc_guard", "on") == "on",
     }
 
 

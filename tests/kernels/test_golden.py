@@ -46,7 +46,7 @@ def test_perturbed_forward_fails_golden(old, new, tmp_path):
 def test_perturbed_backward_fails_golden(tmp_path):
     spec, path = _pick(BWD_KERNELS, "bwd_fp16_hd128_gqa4_causal")
     case = cases_for(spec)[0]
-    bad = _perturbed(path, tmp_path, "dsT = dsT * ds_scale", "dsT = dsT * (ds_scale * 1.002)")
+    bad = _perturbed(path, tmp_path, "dk = dk * ds_scale", "dk = dk * (ds_scale * 1.002)")
     load_path(bad)
     *_, grads = run_bwd(spec, bad, case, 2000, deterministic=False)  # test_bwd's seed for case 0
     with pytest.raises(AssertionError, match="dk: differs from the golden output"):
