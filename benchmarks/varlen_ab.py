@@ -4,6 +4,9 @@ process (median of triton.testing.do_bench; every result checked first against f
 document by document on KV head 0 and its query heads).
 
     python3 benchmarks/varlen_ab.py --out varlen_ab.json
+    python3 benchmarks/varlen_ab.py --out varlen_ab.json --switch doc_guard=off,on
+                                 # a codegen option (template_context): each value's modules with
+                                 # the default TMA configs only
 """
 
 from __future__ import annotations
