@@ -203,3 +203,23 @@ def test_sm90_tma_documents_are_isolated():
             assert torch.isfinite(w).all(), f"{name}: the clean run is not finite"
             assert torch.equal(g, w), (f"{name}: a poisoned neighbour changed documents 0 / 2 "
                                        f"({int((~torch.isfinite(g)).sum())} non-finite values)")
+
+
+def test_sm90_tma_documents_leak_without_the_guard(tmp_path):
+    """The isolation above is the guard's doing: the same kernels rendered with it switched off
+    (codegen option doc_guard=off, for A/B runs only) let document 1's NaN / inf into document 0."""
+    from attngen.codegen.render import render
+
+    spec, _ = next((s, p) for s, p in SM90_DOC_KERNELS if s.mask == "causal")
+    paths = []
+    for fam in ("fwd", "bwd"):
+        path = tmp_path / f"{spec.uri}_{fam}_noguard.py"
+        path.write_text(render(spec.replace(family=fam), options={"doc_guard": "off"}))
+        paths.append(path)
+    lens = [17, 40, 9]
+    hq, d, dtype = 2 * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype]
+    q, k, v, dout = random_inputs((66, hq, d), (66, 2, d), (66, 2, d), (66, hq, d), dtype=dtype, seed=5)
+    for x in (q, k, v, dout):
+        x[17:57:2] = float("inf")
+    out = run_tma_documents(spec, *paths, q, k, v, dout, lens)[0][0]
+    assert not torch.isfinite(out[:17]).all(), "document 0 stayed finite without the guard"
