@@ -12,6 +12,7 @@ from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_
 from attngen.spec import KernelSpec
 from attngen.tuning.space import FwdConfig
 
+
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
     """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32, any

@@ -250,8 +250,9 @@ def _sm90_fwd_default(d: int) -> FwdConfig:
     128x64 439, hd192 (128 + 64) 128x64 473; hd256 64x64 with lazy rescaling 465 (445 without).
     Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default.
     Packed documents take the same table: on 8 causal 1024-token documents (GQA 32/8, hd128) the
-    TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default, and on 8
-    uneven documents 398 vs 339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
+    TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default (347 with
+    the documents isolated, h200_ab_varlen_guard_2026-12-01.json), and on 8 uneven documents 398 vs
+    339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
     programs were slower (h200_ab_varlen_2026-12-01.json, h200_ab_varlen_fwd_2026-12-01.json)."""
     if d <= 64:
         return FwdConfig(64, 64, 4, 3, tma=True)
@@ -276,7 +277,8 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     (backward-only TFLOP/s, TMA vs pointer: hd128 causal 367 vs 309, full 402 vs 358, GQA 32/8
     362 vs 300, hd64 308 vs 302, hd96 312 vs 293, hd256 179 vs 159;
     benchmarks/results/h200_ab_bwd_tma_2026-11-30.json); packed documents too (8 causal 1024-token
-    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json).
+    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json;
+    with the documents isolated 202 and 240, h200_ab_varlen_guard_2026-12-01.json).
     `window`: the keys one query sees at most under a sliding-window mask (None: not known, as for
     the tuner's baseline)."""
     d = max(spec.head_dim_qk, spec.head_dim_v)

@@ -175,31 +175,38 @@ def run_tma_documents(spec, fpath, bpath, q, k, v, dout, lens):
     return runs
 
 
-def test_sm90_tma_documents_are_isolated():
-    """A tile past a document's end reads the next document's rows through the descriptor; they
-    are dropped by the mask, but 0 * inf is NaN: a NaN or inf in one document's Q, K, V or dO must
-    not reach its neighbours' O, Lse, dQ, dK, dV. Document 1 (of 17, 40, 9 tokens) poisoned with
-    NaN and +-inf rows: documents 0 and 2 come out bit for bit as in the clean run (itself checked
-    against the reference by the tests above)."""
-    spec, path = next((s, p) for s, p in SM90_DOC_KERNELS if s.mask == "causal")
-    lens = [17, 40, 9]
-    hkv = 2
-    hq, d, dtype = hkv * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype]
-    t = sum(lens)
+def _poisoned_documents():
+    """The causal sm90 document spec, documents of 17, 40 and 9 tokens (32-row tiles cross every
+    document edge), clean inputs (q, k, v, dout) and a copy with document 1 poisoned by NaN and
+    +-inf rows, and the token rows of documents 0 and 2."""
+    spec = next(s for s, _ in SM90_DOC_KERNELS if s.mask == "causal")
+    lens, hkv = [17, 40, 9], 2
+    hq, d, dtype, t = hkv * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype], sum(lens)
     clean = random_inputs((t, hq, d), (t, hkv, d), (t, hkv, d), (t, hq, d), dtype=dtype, seed=5)
     poisoned = [x.clone() for x in clean]
     for x in poisoned:
         x[17:57:3] = float("nan")
         x[18:57:3] = float("inf")
         x[19:57:3] = float("-inf")
-    want = run_tma_documents(spec, path, BWD_DOC_KERNELS[spec], *clean, lens)
-    got = run_tma_documents(spec, path, BWD_DOC_KERNELS[spec], *poisoned, lens)
     keep = torch.cat([torch.arange(0, 17), torch.arange(57, 66)])
-    names = ["out", "lse"]
+    return spec, lens, clean, poisoned, keep
+
+
+def test_sm90_tma_documents_are_isolated():
+    """A tile past a document's end reads the next document's rows through the descriptor; they
+    are dropped by the mask, but 0 * inf is NaN: a NaN or inf in one document's Q, K, V or dO must
+    not reach its neighbours' O, Lse, dQ, dK, dV. Document 1 (of 17, 40, 9 tokens) poisoned with
+    NaN and +-inf rows: documents 0 and 2 come out bit for bit as in the clean run (itself checked
+    against the reference by the tests above)."""
+    spec, lens, clean, poisoned, keep = _poisoned_documents()
+    fpath, bpath = dict(SM90_DOC_KERNELS)[spec], BWD_DOC_KERNELS[spec]
+    want = run_tma_documents(spec, fpath, bpath, *clean, lens)
+    got = run_tma_documents(spec, fpath, bpath, *poisoned, lens)
     for run, (w_run, g_run) in enumerate(zip(want, got)):
-        for i, (w, g) in enumerate(zip(w_run, g_run)):
-            name = f"run {run} {names[i] if run < 2 else ('dq', 'dk', 'dv')[i]}"
-            w, g = (w[:, keep] if name.endswith("lse") else w[keep]), (g[:, keep] if name.endswith("lse") else g[keep])
+        names = ("out", "lse") if run < 2 else ("dq", "dk", "dv")
+        for name, w, g in zip(names, w_run, g_run):
+            name = f"run {run} {name}"
+            w, g = (w[:, keep], g[:, keep]) if name.endswith("lse") else (w[keep], g[keep])  # lse is (H, T)
             assert torch.isfinite(w).all(), f"{name}: the clean run is not finite"
             assert torch.equal(g, w), (f"{name}: a poisoned neighbour changed documents 0 / 2 "
                                        f"({int((~torch.isfinite(g)).sum())} non-finite values)")
@@ -210,16 +217,11 @@ def test_sm90_tma_documents_leak_without_the_guard(tmp_path):
     (codegen option doc_guard=off, for A/B runs only) let document 1's NaN / inf into document 0."""
     from attngen.codegen.render import render
 
-    spec, _ = next((s, p) for s, p in SM90_DOC_KERNELS if s.mask == "causal")
+    spec, lens, _, poisoned, _ = _poisoned_documents()
     paths = []
     for fam in ("fwd", "bwd"):
         path = tmp_path / f"{spec.uri}_{fam}_noguard.py"
         path.write_text(render(spec.replace(family=fam), options={"doc_guard": "off"}))
         paths.append(path)
-    lens = [17, 40, 9]
-    hq, d, dtype = 2 * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype]
-    q, k, v, dout = random_inputs((66, hq, d), (66, 2, d), (66, 2, d), (66, hq, d), dtype=dtype, seed=5)
-    for x in (q, k, v, dout):
-        x[17:57:2] = float("inf")
-    out = run_tma_documents(spec, *paths, q, k, v, dout, lens)[0][0]
+    out = run_tma_documents(spec, *paths, *poisoned, lens)[0][0]
     assert not torch.isfinite(out[:17]).all(), "document 0 stayed finite without the guard"
