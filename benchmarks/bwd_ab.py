@@ -10,6 +10,8 @@ the forward's FLOPs (the backward's five matmuls).
                                  # the --configs cases with the default config
     python3 benchmarks/bwd_ab.py --out bwd_ab.json --config 64,64,8,2 --config 128,64,8,2
                                  # the default against other dK/dV tiles / warps / stages
+    python3 benchmarks/bwd_ab.py --out bwd_ab.json --cases 5,8 --config 64,64,4,2 --also split_dkdv=True
+                                 # each variant again with a BwdConfig field set
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ CONFIG_CASES = [
     ("causal B2 H16 S4096 hd256", 2, 16, 16, 4096, 256, True),
     ("window1024 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 1024),
     ("window4096 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 4096),
+    ("causal B4 H16 S4096 hd192", 4, 16, 16, 4096, 192, True),
 ]
 
 
@@ -84,7 +87,9 @@ def kernel_stats(mod, spec, q, k, v, out, dout, lse, margs, cfg) -> dict:
     for la in bwd_launches(mod, spec, q, k, v, out, dout, lse, delta, dq, dk, dv, margs, cfg, cfg.atomic_dq):
         kern = la.run()
         if kern is not None:
-            stats[la.fn.__name__] = {"regs": getattr(kern, "n_regs", None), "spills": getattr(kern, "n_spills", None)}
+            part = {(True, False): "[dK]", (False, True): "[dV]"}.get(
+                (la.values.get("WANT_DK"), la.values.get("WANT_DV")), "")
+            stats[la.fn.__name__ + part] = {"regs": getattr(kern, "n_regs", None), "spills": getattr(kern, "n_spills", None)}
     return stats
 
 
@@ -97,6 +102,9 @@ def main():
     ap.add_argument("--config", action="append", default=[],
                     help="M,N,W,S[,dqM,dqN,dqW,dqS]: the default config with these dK/dV (and dQ) tiles, "
                          "warps, stages (repeatable; the default itself is measured first)")
+    ap.add_argument("--also", action="append", default=[],
+                    help="field=value: every config variant measured again with this BwdConfig field "
+                         "set (e.g. split_dkdv=True)")
     args = ap.parse_args()
     switches = [{}]
     for sw in args.switch:
@@ -143,6 +151,13 @@ def main():
             variants = [({}, c) for c in config_variants(bspec)]
         else:
             variants = [({"head_chunks": p}, default_bwd_config(bspec)) for p in ("split", "pad")]
+        for extra in args.also:
+            field, value = extra.split("=", 1)
+            value = {"True": True, "False": False}.get(value, value)
+            value = int(value) if isinstance(value, str) and value.isdigit() else value
+            variants += [(sw, dataclasses.replace(c, **{field: value})) for sw, c in variants]
+        seen = []
+        variants = [x for x in variants if not (x in seen or seen.append(x))]
         row = {"case": name, "results": []}
         for switch, cfg in variants:
             rec = {"switch": switch, "config": cfg.as_dict()}

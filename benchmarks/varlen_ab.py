@@ -4,7 +4,7 @@ process (median of triton.testing.do_bench; every result checked first against f
 document by document on KV head 0 and its query heads).
 
     python3 benchmarks/varlen_ab.py --out varlen_ab.json
-    python3 benchmarks/varlen_ab.py --out varlen_ab.json --switch doc_guard=off,on
+    python3 benchmarks/varlen_ab.py --out varlen_ab.json --only bwd --switch doc_guard=zero,desc
                                  # a codegen option (template_context): each value's modules with
                                  # the default TMA configs only
 """
@@ -85,8 +85,9 @@ def main():
         fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, "causal", varlen=True)
         bspec = fspec.replace(family="bwd")
         for sw in switches:
-            fmod, bmod = ((render_variant(fspec, sw, tmp), render_variant(bspec, sw, tmp)) if sw
-                          else (loader.load(fspec), loader.load(bspec)))
+            # a switched direction is rendered with the option; with --only, the other keeps the build
+            fmod = render_variant(fspec, sw, tmp) if sw and args.only != "bwd" else loader.load(fspec)
+            bmod = render_variant(bspec, sw, tmp) if sw and args.only != "fwd" else loader.load(bspec)
             rows.append(run_case(args, name, lens, q, k, v, dout, cu, mx, fspec, bspec, fmod, bmod, sw))
         with open(args.out, "w") as fh:
             json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -94,12 +94,14 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
                      options: dict | None = None) -> dict:
     """Everything the templates read. options: codegen choices for A/B runs
     (benchmarks/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
-    "auto" | "on" | "off", "doc_guard": "on" | "off"}; the build always uses the defaults."""
+    "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off"}; the build always uses
+    the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
     # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64
     # +4-5 %, hd128 up to -24 % under spills; benchmarks/README.md)
     dp_first = {"auto": spec.pad_qk <= 64, "on": True, "off": False}[options.get("dp_first", "auto")]
+    doc_guard = _doc_guard(spec, options.get("doc_guard", "auto"))
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {
@@ -121,8 +123,30 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "int_params": unspecialized_ints(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
         "dp_first": dp_first,
-        "doc_guard": options.get("doc_guard", "on") == "on",
+        "doc_desc": doc_guard == "desc",
+        "doc_zero": doc_guard == "zero",
     }
+
+
+# How the sm90 TMA kernels keep packed documents apart (a tile that runs past its document's end
+# must not bring the next document's rows into a product with a masked-out P or dS: 0 * inf is
+# NaN); the first of each family's tuple is its default. "zero": host descriptors over the whole
+# packed tensor, the rows past the end zeroed in registers in the masked stages. "desc" (backward):
+# descriptors made in the kernel over the document's own rows (the copy engine zero-fills past its
+# end, nothing to zero) -- measured slower than "zero" on the H200 (backward-only 205 vs 216 and
+# 249 vs 255 TFLOP/s, h200_ab_varlen_desc_2026-12-01.json), kept for A/B runs and as the way in for
+# paged KV. "off": neither (A/B runs only: a neighbour's NaN leaks).
+DOC_GUARDS = {"fwd": ("zero", "off"), "bwd": ("zero", "desc", "off")}
+
+
+def _doc_guard(spec: KernelSpec, choice: str) -> str:
+    allowed = DOC_GUARDS.get(spec.family, ("off",))
+    if choice == "auto":
+        return allowed[0]
+    if choice not in allowed:
+        raise CodegenError(f"{spec.uri}: doc_guard={choice!r} is not one of {', '.join(allowed)} "
+                           f"for the {spec.family} family")
+    return choice
 
 
 def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,

@@ -62,11 +62,19 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n, packed=packed))
         dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, True, packed))
         if dkdv_descs is not None and dq_descs is not None:  # else a stride the copy engine cannot take
-            launches = [pre, Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, dkdv_values, cfg.num_warps,
-                                    cfg.num_stages, dkdv_descs)]
+            # packed documents: kernels that make their descriptors per document (a "Q" pointer
+            # parameter) take the tensors and strides; the views above only checked alignment
+            per_doc = "Q" in mod._attn_bwd_dkdv_tma.arg_names
+            if per_doc:
+                dkdv_descs = dq_descs = None
+            wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
+            launches = [pre] + [
+                Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
+                       cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
+                for dk_, dv_ in wants]
             if not atomic:
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, dq_values, cfg.dq_num_warps,
-                                       cfg.dq_num_stages, dq_descs))
+                                       cfg.dq_num_stages, dq_descs, scratch=per_doc))
             return launches
     launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
     if not atomic:

@@ -14,6 +14,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import triton
+from triton.runtime import _allocation
+
 INT32_LIMIT = 1 << 31
 MAX_GRID = (1 << 31) - 1  # CUDA's limit on the grid's x axis, the only axis attngen uses
 
@@ -30,6 +33,9 @@ class Launch:
     # TMA descriptor parameters: name -> (tensor name, shape, strides, block shape); rebuilt around
     # each call's tensors by whoever replays the launch (runtime plans)
     descriptors: dict | None = None
+    # the kernel makes tensor descriptors in global scratch memory (Triton asks its allocator for
+    # it at each launch): see ensure_allocator
+    scratch: bool = False
 
     @property
     def num_tensors(self) -> int:
@@ -53,8 +59,26 @@ class Launch:
             return None
         if self.descriptors:
             self.values.update(make_descriptors(self.descriptors, self.values))
+        if self.scratch:
+            ensure_allocator()
         return self.fn[(self.grid,)](*self.args(), num_warps=self.num_warps,
                                      num_stages=self.num_stages)
+
+
+def _scratch(size: int, alignment: int, stream):
+    import torch
+
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Kernels that make tensor descriptors on the device need global scratch memory, which Triton
+    takes from the allocator of the current context (a ContextVar: each thread starts without one,
+    autograd's backward thread too). Sets one that allocates from torch's caching allocator, on the
+    current device and stream (so CUDA-graph capture keeps it in the graph's pool), unless one is
+    set."""
+    if _allocation._allocator.get() is _allocation._NULL_ALLOCATOR:
+        triton.set_allocator(_scratch)
 
 
 def tma_descriptors(views: dict, blocks: dict) -> dict | None:

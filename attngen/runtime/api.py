@@ -345,6 +345,8 @@ class BackwardPlan:
         self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu") for la in launches]
         # the TMA kernels' descriptors, per launch (rebuilt around each call's tensors)
         self.descriptors = [la.descriptors for la in launches]
+        # TMA kernels (host or in-kernel descriptors) need 16-byte aligned bases
+        self.tma = any(la.descriptors or la.scratch for la in launches)
         self._args = (opts, deterministic, max_q, max_k)
         self._fallback = None
 
@@ -361,7 +363,7 @@ class BackwardPlan:
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
                    "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
         ok = aligned(q, k, v, out, dout, cu_q, cu_k)
-        if any(self.descriptors):
+        if self.tma:
             if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernels serve
                 if self._fallback is None:
                     opts, det, max_q, max_k = self._args

@@ -16,7 +16,7 @@ import operator
 import torch
 from triton import knobs
 
-from attngen.kernels.launch import Launch
+from attngen.kernels.launch import Launch, ensure_allocator
 
 MAX_PLANS = 4096  # per cache; a full cache is cleared (plans are cheap to rebuild, kernels stay compiled)
 
@@ -33,7 +33,7 @@ class CompiledLaunch:
     """One kernel launch with its scalars bound; tensors arrive per call."""
 
     __slots__ = ("fn", "grid", "tensor_names", "pick", "tail", "num_warps", "num_stages", "kernel",
-                 "device_index", "direct")
+                 "device_index", "direct", "scratch")
 
     def __init__(self, launch: Launch, device: torch.device, interpret: bool):
         names = launch.fn.arg_names
@@ -46,11 +46,14 @@ class CompiledLaunch:
         self.kernel = None
         self.device_index = device.index if device.type == "cuda" else None
         self.direct = not interpret and device.type == "cuda"
+        self.scratch = launch.scratch
 
     def __call__(self, tensors: dict, aligned: bool) -> None:
         if self.grid == 0:
             return
         args = self.pick(tensors)
+        if self.scratch:
+            ensure_allocator()
         kernel = self.kernel
         if kernel is not None and aligned and _hooks_off():
             kernel.run(self.grid, 1, 1, _stream(self.device_index), kernel.function,

@@ -54,6 +54,9 @@ class BwdConfig:
     # (_attn_bwd_dkdv_tma, _attn_bwd_dq_tma; packed documents: loads only), and with atomic_dq each
     # fp32 dQ tile goes into the accumulator through one TMA reduce-add instead of per-element atomics
     tma: bool = False
+    # sm90 TMA dK/dV kernel: dK and dV from two launches (one accumulator each, half the registers;
+    # both recompute P, five key-side matmuls instead of four) instead of one
+    split_dkdv: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -139,6 +142,8 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return f"{part}: num_stages must be >= 1"
     if cfg.tma and spec.target != "sm90":
         return "tma exists in the sm90 family's backward only"
+    if cfg.split_dkdv and not cfg.tma:
+        return "split_dkdv exists in the sm90 family's TMA dK/dV kernel only (needs tma)"
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
         if need > have:
@@ -171,7 +176,7 @@ BWD_SPACE: dict[str, tuple] = {
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
     ("fwd", "sm90"): {"tma": (False, True)},
-    ("bwd", "sm90"): {"tma": (False, True)},
+    ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
 
@@ -293,5 +298,11 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
             # (h200_ab_bwd_window_2026-12-01.json, h200_ab_bwd_window4096_2026-12-01.json)
             return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=tma)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
-    # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json)
-    return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2, tma=tma)
+    # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json). The
+    # sm90 TMA kernels: dK and dV from two launches of 4 warps (split_dkdv), causal hd256 192 vs
+    # 180 TFLOP/s for one 8-warp launch, hd192 183 vs 170 (the dK/dV kernel spilled 138 / 78
+    # values; split, 140 + 24 / 42 + 0); split at 8 warps and hd128 lose
+    # (h200_ab_bwd_split_2026-12-01.json)
+    if tma:
+        return BwdConfig(64, 64, 4, 2, 64, 64, 8, 2, tma=True, split_dkdv=True)
+    return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2)

@@ -74,6 +74,37 @@ def test_deterministic_paths_agree():
         "dK/dV differ between the dQ paths"
 
 
+@pytest.mark.parametrize("hd", [96, 256])
+def test_sm90_split_dkdv(hd):
+    """split_dkdv: dK and dV from two launches of the TMA dK/dV kernel (WANT_DK / WANT_DV), on
+    both dQ paths (the reduce-adds of atomic dQ in the dK launch): the same gradients, bit for bit,
+    as the one launch that computes both (same tiles, same accumulation order)."""
+    from attngen.kernels.bwd import bwd_launches
+
+    spec, path = next((s, p) for s, p in KERNELS if s.target == "sm90" and s.head_dim_qk == hd)
+    case = cases_for(spec)[0]
+    for det in (False, True):
+        grads = {}
+        for split in (False, True):
+            q, k, v = make_qkv(spec, case, 17)
+            dout, = random_inputs(q.shape[:3] + (spec.head_dim_v,), dtype=q.dtype, seed=18)
+            mask, wl, wr = mask_kind(case.causal, case.window)
+            args = MaskArgs(scale=1.0 / math.sqrt(hd), softcap=case.softcap, window_left=wl,
+                            window_right=wr, align_top_left=case.top_left)
+            out, lse = torch.empty(q.shape[:3] + (spec.head_dim_v,), dtype=q.dtype), torch.empty(q.shape[:3])
+            attn_fwd(load_path(FWD[spec]), spec.replace(family="fwd"), q, k, v, out, lse, args, FWD_CONFIG)
+            cfg = dataclasses.replace(TEST_CONFIG, atomic_dq=not det, tma=True, split_dkdv=split)
+            la = bwd_launches(load_path(path), spec, q, k, v, out, dout, lse, lse, q, k, v, args, cfg, not det)
+            wants = [(x.values["WANT_DK"], x.values["WANT_DV"]) for x in la if x.fn.__name__ == "_attn_bwd_dkdv_tma"]
+            assert wants == ([(True, False), (False, True)] if split else [(True, True)])
+            g = (nan_like(q), nan_like(k), nan_like(v))
+            attn_bwd(load_path(path), spec, q, k, v, out, dout, lse, *g, args, cfg, det)
+            assert all(torch.isfinite(t).all() for t in g), f"split={split}: a gradient left unwritten"
+            grads[split] = g
+        for name, a, b in zip(("dq", "dk", "dv"), grads[False], grads[True]):
+            assert torch.equal(a, b), f"{spec.uri} deterministic={det} {name}: split_dkdv changed it"
+
+
 def test_sm90_backward_goes_through_the_tma_kernels():
     """With tma the sm90 family's dK/dV and dQ launches are its TMA kernels, with one descriptor per
     tensor and head-dim tile (query-side tiles of the pass's query block, key-side of its key

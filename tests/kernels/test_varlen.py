@@ -110,25 +110,42 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
         attn_fwd_varlen(fmod, spec, q, k, v, out, lse, cu_q, cu_k, mq, args, cfg)
         assert_flash_rule(f"{spec.uri}/{cfg}", out, ref, pt, factor=2.0)
         assert_lse_close(f"{spec.uri}/{cfg}/lse", lse, ref_lse)
-    for det in (False, True):
-        cfg = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1, atomic_dq=not det, tma=True)
+    for det, split in ((False, False), (True, False), (False, True)):
+        cfg = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1, atomic_dq=not det, tma=True, split_dkdv=split)
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        names = [la.fn.__name__ for la in bwd_launches(bmod, bspec, q, k, v, out, dout, lse, lse, *grads, args,
-                                                        cfg, not det, cu_q, cu_k, mq, mk)]
-        assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma"] + (["_attn_bwd_dq_tma"] if det else [])
+        launches = bwd_launches(bmod, bspec, q, k, v, out, dout, lse, lse, *grads, args, cfg, not det,
+                                cu_q, cu_k, mq, mk)
+        names = [la.fn.__name__ for la in launches]
+        assert names == (["_attn_bwd_preprocess"] + ["_attn_bwd_dkdv_tma"] * (1 + split)
+                         + (["_attn_bwd_dq_tma"] if det else []))
+        # doc_guard=desc kernels make their descriptors per document: tensors and strides, no host
+        # descriptors
+        per_doc = "Q" in bmod._attn_bwd_dkdv_tma.arg_names
+        assert all(la.scratch == per_doc and (la.descriptors is None) == per_doc for la in launches[1:])
         attn_bwd_varlen(bmod, bspec, q, k, v, out, dout, lse, *grads, cu_q, cu_k, mq, mk, args, cfg, det)
-        check_grads(f"{spec.uri}/tma/deterministic={det}",
+        check_grads(f"{spec.uri}/tma/deterministic={det}/split_dkdv={split}",
                     lambda *t, upcast: per_doc_reference(*t, cu_q, cu_k, upcast, **kw)[0], (q, k, v), dout, grads)
 
 
 @pytest.mark.parametrize("spec,path", SM90_DOC_KERNELS, ids=[s.uri for s, _ in SM90_DOC_KERNELS])
 def test_sm90_document_kernels_tma(spec, path):
-    """The sm90 family's document kernels load Q, K, V (and dO) through descriptors over the
-    (1, H, T, D) views from each document's first row, so a tile past a document's end reads the
-    next document's rows (documents of 1, 17, 113 and 70 tokens, 32-row tiles): the masked stages
-    must drop them, and O, dQ, dK, dV leave through masked pointer stores that never touch a
-    neighbour."""
+    """The sm90 family's document kernels on documents of 1, 17, 113 and 70 tokens with 32-row
+    tiles, so that tiles cross every document's end: descriptors over the (1, H, T, D) views from
+    each document's first row (a tile past the end reads the next document's rows, which the
+    masked stages drop), O, dQ, dK, dV through masked pointer stores."""
     run_sm90_tma(spec, path, BWD_DOC_KERNELS[spec], [1, 17, 113, 70], [1, 17, 113, 70], 2, causal=True)
+
+
+def test_sm90_document_backward_with_per_document_descriptors(tmp_path):
+    """The backward rendered with doc_guard=desc (descriptors made in the kernel over each
+    document's rows: loads past the end read zeros, stores clip there; A/B runs and the way in for
+    paged KV), against the reference on the same documents."""
+    from attngen.codegen.render import render
+
+    spec, path = next((s, p) for s, p in SM90_DOC_KERNELS if s.mask == "causal")
+    bpath = tmp_path / f"{spec.uri}_bwd_desc.py"
+    bpath.write_text(render(spec.replace(family="bwd"), options={"doc_guard": "desc"}))
+    run_sm90_tma(spec, path, bpath, [1, 17, 113, 70], [1, 17, 113, 70], 2, causal=True)
 
 
 @pytest.mark.parametrize("mask,dtype,gqa,kw", [
@@ -192,14 +209,21 @@ def _poisoned_documents():
     return spec, lens, clean, poisoned, keep
 
 
-def test_sm90_tma_documents_are_isolated():
-    """A tile past a document's end reads the next document's rows through the descriptor; they
-    are dropped by the mask, but 0 * inf is NaN: a NaN or inf in one document's Q, K, V or dO must
-    not reach its neighbours' O, Lse, dQ, dK, dV. Document 1 (of 17, 40, 9 tokens) poisoned with
-    NaN and +-inf rows: documents 0 and 2 come out bit for bit as in the clean run (itself checked
-    against the reference by the tests above)."""
+@pytest.mark.parametrize("bwd_guard", ["built", "desc"])
+def test_sm90_tma_documents_are_isolated(bwd_guard, tmp_path):
+    """A tile past a document's end must not bring the next document's rows into a product with
+    the mask's zeros (0 * inf is NaN): a NaN or inf in one document's Q, K, V or dO must not reach
+    its neighbours' O, Lse, dQ, dK, dV. Document 1 (of 17, 40, 9 tokens) poisoned with NaN and
+    +-inf rows: documents 0 and 2 come out bit for bit as in the clean run (itself checked against
+    the reference by the tests above). The built kernels (rows past the end zeroed), and the
+    backward rendered with descriptors made per document (codegen option doc_guard=desc)."""
+    from attngen.codegen.render import render
+
     spec, lens, clean, poisoned, keep = _poisoned_documents()
     fpath, bpath = dict(SM90_DOC_KERNELS)[spec], BWD_DOC_KERNELS[spec]
+    if bwd_guard != "built":
+        bpath = tmp_path / f"{spec.uri}_bwd_{bwd_guard}.py"
+        bpath.write_text(render(spec.replace(family="bwd"), options={"doc_guard": bwd_guard}))
     want = run_tma_documents(spec, fpath, bpath, *clean, lens)
     got = run_tma_documents(spec, fpath, bpath, *poisoned, lens)
     for run, (w_run, g_run) in enumerate(zip(want, got)):
@@ -223,5 +247,7 @@ def test_sm90_tma_documents_leak_without_the_guard(tmp_path):
         path = tmp_path / f"{spec.uri}_{fam}_noguard.py"
         path.write_text(render(spec.replace(family=fam), options={"doc_guard": "off"}))
         paths.append(path)
-    out = run_tma_documents(spec, *paths, *poisoned, lens)[0][0]
-    assert not torch.isfinite(out[:17]).all(), "document 0 stayed finite without the guard"
+    runs = run_tma_documents(spec, *paths, *poisoned, lens)
+    assert not torch.isfinite(runs[0][0][:17]).all(), "forward: document 0 stayed finite without the guard"
+    for det, (dq, dk, dv) in zip((False, True), runs[2:]):
+        assert not torch.isfinite(dv[:17]).all(), f"deterministic={det}: dV of document 0 stayed finite"

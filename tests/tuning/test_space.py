@@ -51,6 +51,7 @@ def test_bwd_smem_model_matches_triton():
     (BwdConfig(64, 64, 4, 2, 8, 64, 4, 2), "dQ: block sizes below 16"),
     (BwdConfig(64, 64, 3, 2, 64, 64, 4, 2), "dK/dV: num_warps"),
     (BwdConfig(64, 64, 4, 2, 64, 64, 4, 0), "dQ: num_stages"),
+    (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, split_dkdv=True), "split_dkdv exists in the sm90 family's TMA"),
 ])
 def test_check_bwd_names_the_kernel_and_the_problem(cfg, reason):
     assert space.check_bwd(spec("bwd"), cfg).startswith(reason)
