@@ -299,10 +299,11 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
             return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=tma)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json). The
-    # sm90 TMA kernels: dK and dV from two launches of 4 warps (split_dkdv), causal hd256 192 vs
-    # 180 TFLOP/s for one 8-warp launch, hd192 183 vs 170 (the dK/dV kernel spilled 138 / 78
-    # values; split, 140 + 24 / 42 + 0); split at 8 warps and hd128 lose
-    # (h200_ab_bwd_split_2026-12-01.json)
+    # sm90 TMA kernels: dK and dV from two launches (split_dkdv) of 32x64 tiles and 4 warps, causal
+    # hd256 199 vs 180 TFLOP/s for one 64x64 8-warp launch, hd192 207 vs 170 (spilled values in the
+    # dK/dV kernel: one launch 138 / 78, split 12 + 0 / 0 + 0); 64x64 split 190 / 182, 8-warp split
+    # 164 / 147, hd128 split 303 vs 369 (h200_ab_bwd_split_2026-12-01.json,
+    # h200_ab_bwd_split2_2026-12-01.json)
     if tma:
-        return BwdConfig(64, 64, 4, 2, 64, 64, 8, 2, tma=True, split_dkdv=True)
+        return BwdConfig(32, 64, 4, 2, 64, 64, 8, 2, tma=True, split_dkdv=True)
     return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2)
