@@ -303,7 +303,9 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     # hd256 199 vs 180 TFLOP/s for one 64x64 8-warp launch, hd192 207 vs 170 (spilled values in the
     # dK/dV kernel: one launch 138 / 78, split 12 + 0 / 0 + 0); 64x64 split 190 / 182, 8-warp split
     # 164 / 147, hd128 split 303 vs 369 (h200_ab_bwd_split_2026-12-01.json,
-    # h200_ab_bwd_split2_2026-12-01.json)
+    # h200_ab_bwd_split2_2026-12-01.json). Its dQ pass on 64x64 tiles with 4 warps instead of 8:
+    # hd256 247 vs 197, hd192 260 vs 213 TFLOP/s backward-only (128x32 8 warps 233 / 252, 64x32 4
+    # warps 246 / 255; 32-query dQ tiles collapse to 17: h200_ab_bwd_split_dq_2026-12-01.json)
     if tma:
-        return BwdConfig(32, 64, 4, 2, 64, 64, 8, 2, tma=True, split_dkdv=True)
+        return BwdConfig(32, 64, 4, 2, 64, 64, 4, 2, tma=True, split_dkdv=True)
     return BwdConfig(64, 64, 8, 2, 64, 64, 8, 2)
