@@ -297,6 +297,11 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
             # the edges matter less and they lose (340 vs 353), as on plain causal (341 vs 348)
             # (h200_ab_bwd_window_2026-12-01.json, h200_ab_bwd_window4096_2026-12-01.json)
             return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=tma)
+        if tma and 80 < d < 128:
+            # the TMA dQ pass on 64x64 tiles with 4 warps: hd96 causal 348 vs 318 TFLOP/s
+            # backward-only; on hd128 a tie (366 vs 366 causal, 419 vs 418 full, 368 vs 360 GQA),
+            # so hd128 keeps its tuned table; hd80 not measured (h200_ab_bwd_dq_warps_2026-12-01.json)
+            return BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
     # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json). The
     # sm90 TMA kernels: dK and dV from two launches (split_dkdv) of 32x64 tiles and 4 warps, causal

@@ -184,7 +184,7 @@ def test_lengths_do_not_recompile():
     assert after == before, f"{after - before} compiles for new lengths in one bucket"
 
 
-@pytest.mark.parametrize("d", [59, 111, 8, 200])
+@pytest.mark.parametrize("d", [59, 111, 8, 200, 96])
 def test_any_head_dim(d, gpu_records):
     """Head dims that are not multiples of 8 (padded tiles, unspecialized strides), forward and
     backward against float64 with the flash-attn rule."""
