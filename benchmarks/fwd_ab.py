@@ -55,6 +55,18 @@ def knob_variants(base: FwdConfig) -> list[FwdConfig]:
     return [r(base, persistent=1), r(base, persistent=2), big, r(big, persistent=1)]
 
 
+def qregs_variants(base: FwdConfig) -> list[FwdConfig]:
+    """--configs qregs: the default and its neighbours with the Q tile held in registers (q_regs);
+    without Q in shared memory a 64x64 tile with 2 stages fits three programs per SM."""
+    r = dataclasses.replace
+    out = [r(base, q_regs=True), r(base, q_regs=True, num_stages=2)]
+    if base.block_m != 64 or base.block_n != 64:
+        out += [FwdConfig(64, 64, 4, 3, tma=True, q_regs=True), FwdConfig(64, 64, 4, 2, tma=True, q_regs=True)]
+    out += [FwdConfig(128, 128, 8, 2, tma=True, lazy_rescale=True, q_regs=True),
+            FwdConfig(64, 128, 4, 2, tma=True, q_regs=True)]
+    return out
+
+
 def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
     """The module of `spec` rendered with codegen options `switch`, loaded from `tmp`."""
     tag = "_".join(f"{k}-{v}" for k, v in switch.items())
@@ -68,7 +80,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
-    ap.add_argument("--configs", default="default,extra", help="default[,extra][,knobs]")
+    ap.add_argument("--configs", default="default,extra", help="default[,extra][,knobs][,qregs]")
     args = ap.parse_args()
     variants = [{}]
     for sw in args.switch:
@@ -113,6 +125,8 @@ def main():
             cfgs += [c for c in EXTRA if c != cfgs[0]]
         if "knobs" in args.configs:
             cfgs += [c for c in knob_variants(cfgs[0]) if c not in cfgs]
+        if "qregs" in args.configs:
+            cfgs += [c for c in qregs_variants(cfgs[0]) if c not in cfgs]
         for sw in variants:
             try:
                 mod = render_variant(spec, sw, tmp) if sw else loader.load(spec)

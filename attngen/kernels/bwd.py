@@ -73,8 +73,8 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                        cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
                 for dk_, dv_ in wants]
             if not atomic:
-                launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, dq_values, cfg.dq_num_warps,
-                                       cfg.dq_num_stages, dq_descs, scratch=per_doc))
+                launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
+                                       cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
             return launches
     launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
     if not atomic:

@@ -46,7 +46,8 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and grid:
         descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out, packed))
     if descs is not None and not values["OFFS_64"]:
-        values.update(WARP_SPEC=bool(cfg.warp_specialize), PERSISTENT=cfg.persistent > 0, num_tiles=grid)
+        values.update(WARP_SPEC=bool(cfg.warp_specialize), Q_REGS=bool(cfg.q_regs),
+                      PERSISTENT=cfg.persistent > 0, num_tiles=grid)
         if cfg.persistent > 0:
             grid = min(grid, cfg.persistent * sm_count(q.device))
         return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs)]

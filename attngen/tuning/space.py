@@ -32,6 +32,9 @@ class FwdConfig:
     lazy_rescale: bool = False
     # sm90 TMA kernel: 0 = one program per tile; n > 0 = n programs per SM, each looping over tiles
     persistent: int = 0
+    # sm90 TMA kernel: the Q tile held in registers for Q.K^T (wgmma's A operand from registers)
+    # instead of read from shared memory for every key block
+    q_regs: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -57,6 +60,9 @@ class BwdConfig:
     # sm90 TMA dK/dV kernel: dK and dV from two launches (one accumulator each, half the registers;
     # both recompute P, five key-side matmuls instead of four) instead of one
     split_dkdv: bool = False
+    # sm90 TMA dQ pass: its Q and dO tiles held in registers (wgmma's A operand of Q.K^T and dO.V^T
+    # from registers) instead of read from shared memory for every key block
+    dq_regs: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -98,6 +104,8 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
     if (cfg.tma or cfg.warp_specialize) and spec.target != "sm90":
         return "tma / warp_specialize exist in the sm90 family's kernels only"
+    if cfg.q_regs and not cfg.tma:
+        return "q_regs exists in the sm90 family's TMA kernel only (needs tma)"
     if cfg.persistent and not cfg.tma:
         return "persistent exists in the sm90 family's TMA kernel only (needs tma)"
     if cfg.persistent < 0:
@@ -142,6 +150,8 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return f"{part}: num_stages must be >= 1"
     if cfg.tma and spec.target != "sm90":
         return "tma exists in the sm90 family's backward only"
+    if cfg.dq_regs and not (cfg.tma and not cfg.atomic_dq):
+        return "dq_regs exists in the sm90 family's TMA dQ pass only (needs tma, not atomic_dq)"
     if cfg.split_dkdv and not cfg.tma:
         return "split_dkdv exists in the sm90 family's TMA dK/dV kernel only (needs tma)"
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])

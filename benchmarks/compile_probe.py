@@ -1,0 +1,178 @@
+"""Compile sm90 kernels on any machine (no GPU: Triton's own ptxas) and report what the compiler
+made of them: registers, spilled bytes, shared memory, and how each wgmma takes its A operand
+(shared memory or registers). A kernel change can be looked at before it costs device time.
+
+    TRITON_INTERPRET=0 python3 benchmarks/compile_probe.py fwd --hd 128 --mask causal --config 64,64,4,3
+    TRITON_INTERPRET=0 python3 benchmarks/compile_probe.py bwd --hd 256 --mask causal \
+        --config 32,64,4,2,64,64,4,2 --also split_dkdv=True
+    ... --switch name=value   (a codegen option, attngen.codegen.render.template_context)
+    ... --dump DIR            (ttgir, ptx and sass of every launch)
+
+The launches are the launcher's own (attngen.kernels.fwd / bwd on small CPU tensors), so the
+probe compiles exactly the specialization the runtime would run, with tensor descriptors where
+the config asks for TMA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from attngen.codegen.render import render  # noqa: E402
+from attngen.kernels.bwd import bwd_launches  # noqa: E402
+from attngen.kernels.common import MaskArgs, mask_kind  # noqa: E402
+from attngen.kernels.fwd import fwd_launches  # noqa: E402
+from attngen.kernels.launch import make_descriptors  # noqa: E402
+from attngen.runtime import loader  # noqa: E402
+from attngen.spec import KernelSpec  # noqa: E402
+from attngen.tuning.space import BwdConfig, FwdConfig  # noqa: E402
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64"}
+
+
+def signature(launch) -> tuple[dict, dict]:
+    """(signature, constexprs) of a Launch's kernel for ASTSource, from its bound values."""
+    fn = launch.fn
+    values = dict(launch.values)
+    if launch.descriptors:
+        values.update(make_descriptors(launch.descriptors, values))
+    sig, const = {}, {}
+    for param, name in zip(fn.params, fn.arg_names):
+        val = values[name]
+        if param.is_constexpr or val is None:
+            sig[name] = "constexpr"
+            const[name] = val
+        elif isinstance(val, torch.Tensor):
+            sig[name] = "*" + DTYPES[val.dtype]
+        elif type(val).__name__ == "TensorDescriptor":
+            block = ",".join(str(b) for b in val.block_shape)
+            sig[name] = f"tensordesc<{DTYPES[val.base.dtype]}[{block}]>"
+        elif isinstance(val, bool):
+            sig[name] = "i1"
+        elif isinstance(val, int):
+            sig[name] = "i32" if -(1 << 31) <= val < (1 << 31) else "i64"
+        elif isinstance(val, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}.{name}: cannot type {type(val).__name__}")
+    return sig, const
+
+
+def ptxas_report(ptx: str, tmp: Path) -> dict:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    src = tmp / "k.ptx"
+    src.write_text(ptx)
+    res = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(src), "-o", str(tmp / "k.o")],
+                         capture_output=True, text=True)
+    text = res.stdout + res.stderr
+    out = {}
+    m = re.search(r"Used (\d+) registers", text)
+    out["registers"] = int(m.group(1)) if m else None
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    out["spill_stores"], out["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    return out
+
+
+def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
+    sig, const = signature(launch)
+    src = ASTSource(launch.fn, sig, const)
+    opts = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ptx = ck.asm["ptx"]
+    rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+           "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
+    rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (dump / f"{tag}.{ext}").write_text(ck.asm[ext])
+        nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        cubin = tmp / "k.cubin"
+        cubin.write_bytes(ck.asm["cubin"])
+        sass = subprocess.run([str(nvdisasm), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        (dump / f"{tag}.sass").write_text(sass)
+    return rep
+
+
+def module_for(spec: KernelSpec, switch: dict, tmp: Path):
+    if not switch:
+        return loader.load(spec)
+    path = tmp / f"{spec.uri}__probe.py"
+    path.write_text(render(spec, options=switch))
+    return loader.load_path(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("family", choices=("fwd", "bwd"))
+    ap.add_argument("--hd", type=int, default=128)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
+    ap.add_argument("--gqa", type=int, default=1)
+    ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
+    ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
+    ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
+    ap.add_argument("--dump", default=None)
+    args = ap.parse_args(argv)
+
+    nums = [int(x) for x in args.config.split(",")]
+    cls = FwdConfig if args.family == "fwd" else BwdConfig
+    cfg = cls(*nums, tma=True)
+    for item in args.also:
+        name, val = item.split("=", 1)
+        field = {f.name: f for f in dataclasses.fields(cls)}[name]
+        cast = {"bool": lambda s: s == "True", "int": int}.get(str(field.type), int)
+        cfg = dataclasses.replace(cfg, **{name: cast(val)})
+    switch = dict(s.split("=", 1) for s in args.switch)
+    spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask)
+    tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))
+    mod = module_for(spec, switch, tmp)
+
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    B, Hkv, S, D = 1, 2, 512, args.hd
+    Hq = Hkv * args.gqa
+    q = torch.empty(B, Hq, S, D, dtype=dt)
+    k, v = torch.empty(B, Hkv, S, D, dtype=dt), torch.empty(B, Hkv, S, D, dtype=dt)
+    out, lse = torch.empty_like(q), torch.empty(B, Hq, S)
+    causal = args.mask != "none"
+    wsz = (255, 0) if args.mask == "sliding_window" else (-1, -1)
+    _, wl, wr = mask_kind(causal, wsz)
+    margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
+                     align_top_left=False)
+    if args.family == "fwd":
+        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg)
+    else:
+        launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
+                                torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
+                                bool(cfg.atomic_dq))[1:]
+    print(f"{spec.uri}  {cfg}  {switch or ''}")
+    for i, launch in enumerate(launches):
+        try:
+            rep = probe(launch, tmp, Path(args.dump) if args.dump else None, f"{i}_{launch.fn.__name__}")
+        except Exception as exc:  # noqa: BLE001 -- a probe reports, it does not stop
+            print(f"  {launch.fn.__name__}: {type(exc).__name__}: {str(exc)[:400]}")
+            continue
+        print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
+              f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
+              f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
