@@ -92,6 +92,8 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sig, const = signature(launch)
     src = ASTSource(launch.fn, sig, const)
     opts = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
+    if getattr(launch, "maxnreg", None):
+        opts["maxnreg"] = launch.maxnreg
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ptx = ck.asm["ptx"]
     rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,

@@ -4,6 +4,7 @@ each variant rendered from the current templates, timed side by side with cuDNN 
 
     python3 benchmarks/fwd_ab.py --out ab.json                         # configs only
     python3 benchmarks/fwd_ab.py --out ab.json --switch head_chunks=split,pad --cases 7,8,9
+    python3 benchmarks/fwd_ab.py --out ab.json --configs default --config 64,64,4,2,q_regs=True,maxnreg=168
 
 --switch name=v1,v2 renders each value of a codegen option (attngen.codegen.render.template_context
 options; head_chunks: split head dims into two power-of-two column tiles, or pad to one).
@@ -67,6 +68,17 @@ def qregs_variants(base: FwdConfig) -> list[FwdConfig]:
     return out
 
 
+def parse_config(text: str) -> FwdConfig:
+    """--config M,N,W,S[,field=value...]: tiles, warps, stages (TMA on) and other FwdConfig fields."""
+    parts = text.split(",")
+    cfg = FwdConfig(*map(int, parts[:4]), tma=True)
+    for item in parts[4:]:
+        name, val = item.split("=", 1)
+        value = {"True": True, "False": False}[val] if val in ("True", "False") else int(val)
+        cfg = dataclasses.replace(cfg, **{name: value})
+    return cfg
+
+
 def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
     """The module of `spec` rendered with codegen options `switch`, loaded from `tmp`."""
     tag = "_".join(f"{k}-{v}" for k, v in switch.items())
@@ -81,6 +93,8 @@ def main():
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
     ap.add_argument("--configs", default="default,extra", help="default[,extra][,knobs][,qregs]")
+    ap.add_argument("--config", action="append", default=[],
+                    help="M,N,W,S[,field=value...]: one more config (TMA on), e.g. 64,64,4,2,q_regs=True,maxnreg=168")
     args = ap.parse_args()
     variants = [{}]
     for sw in args.switch:
@@ -127,6 +141,7 @@ def main():
             cfgs += [c for c in knob_variants(cfgs[0]) if c not in cfgs]
         if "qregs" in args.configs:
             cfgs += [c for c in qregs_variants(cfgs[0]) if c not in cfgs]
+        cfgs += [c for c in map(parse_config, args.config) if c not in cfgs]
         for sw in variants:
             try:
                 mod = render_variant(spec, sw, tmp) if sw else loader.load(spec)

@@ -7,6 +7,7 @@ document by document on KV head 0 and its query heads).
     python3 benchmarks/varlen_ab.py --out varlen_ab.json --only bwd --switch doc_guard=zero,desc
                                  # a codegen option (template_context): each value's modules with
                                  # the default TMA configs only
+    python3 benchmarks/varlen_ab.py --out varlen_ab.json --only fwd --config 64,64,4,3,q_regs=True
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from attngen.spec import KernelSpec
 from attngen.tuning.space import BwdConfig, FwdConfig, check_bwd, check_fwd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fwd_ab import render_variant  # noqa: E402
+from fwd_ab import parse_config, render_variant  # noqa: E402
 
 CASES = [  # name, document lengths, Hq, Hkv, D
     ("8 docs x 1024 causal gqa32/8 hd128", [1024] * 8, 32, 8, 128),
@@ -68,6 +69,9 @@ def main():
     ap.add_argument("--switch", default=None,
                     help="name=v1,v2,...: a codegen option (attngen.codegen.render.template_context); "
                          "each value's modules with the default TMA configs only")
+    ap.add_argument("--config", action="append", default=[],
+                    help="M,N,W,S[,field=value...]: forward configs (TMA on) measured after the default "
+                         "TMA config, instead of the built-in list")
     args = ap.parse_args()
     switches = [{}]
     if args.switch:
@@ -99,6 +103,8 @@ def run_case(args, name, lens, q, k, v, dout, cu, mx, fspec, bspec, fmod, bmod, 
     T, H, D = q.shape
     Hkv = k.shape[1]
     fwd_cfgs, bwd_cfgs = (FWD, BWD) if not sw else ([FWD[2]], [BWD[1]])
+    if args.config:
+        fwd_cfgs = [FWD[2]] + [parse_config(c) for c in args.config]
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=1 << 30, window_right=0,
                      align_top_left=False)
     r = H // Hkv

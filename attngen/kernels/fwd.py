@@ -50,8 +50,9 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
                       PERSISTENT=cfg.persistent > 0, num_tiles=grid)
         if cfg.persistent > 0:
             grid = min(grid, cfg.persistent * sm_count(q.device))
-        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs)]
-    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages)]
+        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs,
+                       maxnreg=cfg.maxnreg)]
+    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
 
 
 def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:

@@ -23,7 +23,7 @@ MAX_GRID = (1 << 31) - 1  # CUDA's limit on the grid's x axis, the only axis att
 
 @dataclass
 class Launch:
-    """One kernel launch: `fn[(grid,)](*bound args, num_warps=, num_stages=)`."""
+    """One kernel launch: `fn[(grid,)](*bound args, num_warps=, num_stages=[, maxnreg=])`."""
 
     fn: Any  # a triton JITFunction (or the interpreter's InterpretedFunction)
     grid: int
@@ -36,6 +36,17 @@ class Launch:
     # the kernel makes tensor descriptors in global scratch memory (Triton asks its allocator for
     # it at each launch): see ensure_allocator
     scratch: bool = False
+    # ptxas's register cap per thread (0: the compiler's choice); a lower cap can fit one more
+    # program on an SM
+    maxnreg: int = 0
+
+    @property
+    def options(self) -> dict:
+        """Triton's launch options of this launch."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
     @property
     def num_tensors(self) -> int:
@@ -61,8 +72,7 @@ class Launch:
             self.values.update(make_descriptors(self.descriptors, self.values))
         if self.scratch:
             ensure_allocator()
-        return self.fn[(self.grid,)](*self.args(), num_warps=self.num_warps,
-                                     num_stages=self.num_stages)
+        return self.fn[(self.grid,)](*self.args(), **self.options)
 
 
 def _scratch(size: int, alignment: int, stream):

@@ -32,8 +32,8 @@ class PlanCache(dict):
 class CompiledLaunch:
     """One kernel launch with its scalars bound; tensors arrive per call."""
 
-    __slots__ = ("fn", "grid", "tensor_names", "pick", "tail", "num_warps", "num_stages", "kernel",
-                 "device_index", "direct", "scratch")
+    __slots__ = ("fn", "grid", "tensor_names", "pick", "tail", "options", "kernel", "device_index",
+                 "direct", "scratch")
 
     def __init__(self, launch: Launch, device: torch.device, interpret: bool):
         names = launch.fn.arg_names
@@ -42,7 +42,7 @@ class CompiledLaunch:
         self.pick = operator.itemgetter(*self.tensor_names)
         # the scalars and constexprs after the leading tensors (descriptors come per call)
         self.tail = tuple(launch.values[n] for n in names[launch.num_tensors:])
-        self.num_warps, self.num_stages = launch.num_warps, launch.num_stages
+        self.options = launch.options
         self.kernel = None
         self.device_index = device.index if device.type == "cuda" else None
         self.direct = not interpret and device.type == "cuda"
@@ -59,8 +59,7 @@ class CompiledLaunch:
             kernel.run(self.grid, 1, 1, _stream(self.device_index), kernel.function,
                        kernel.packed_metadata, None, None, None, *args, *self.tail)
             return
-        kernel = self.fn[(self.grid,)](*args, *self.tail, num_warps=self.num_warps,
-                                       num_stages=self.num_stages)
+        kernel = self.fn[(self.grid,)](*args, *self.tail, **self.options)
         if self.direct and aligned and kernel is not None:
             self.kernel = kernel.result() if hasattr(kernel, "result") else kernel
 

@@ -35,6 +35,9 @@ class FwdConfig:
     # sm90 TMA kernel: the Q tile held in registers for Q.K^T (wgmma's A operand from registers)
     # instead of read from shared memory for every key block
     q_regs: bool = False
+    # ptxas's register cap per thread (0: the compiler's choice): under 168 registers three 4-warp
+    # programs fit on an SM (65536 registers, allocated per warp in steps of 256)
+    maxnreg: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -104,6 +107,8 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
     if (cfg.tma or cfg.warp_specialize) and spec.target != "sm90":
         return "tma / warp_specialize exist in the sm90 family's kernels only"
+    if cfg.maxnreg and not (24 <= cfg.maxnreg <= 255 and cfg.maxnreg % 8 == 0):
+        return "maxnreg is 0 (the compiler's choice) or a multiple of 8 from 24 to 255"
     if cfg.q_regs and not cfg.tma:
         return "q_regs exists in the sm90 family's TMA kernel only (needs tma)"
     if cfg.persistent and not cfg.tma:
