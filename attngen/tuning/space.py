@@ -84,12 +84,16 @@ SMEM_LIMIT = {"sm80": 163 * 1024, "sm90": 227 * 1024}
 
 
 def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
-    """Shared-memory need (2-byte elements): the Q tile once, K and V tiles per pipeline stage.
-    Matches what Triton 3.6 asked for on the H200 sweeps to the byte (hd128 64x128 s4: 278528,
-    128x128 s4: 294912; hd256 64x128 s2: 294912; h200_sweep*_2026-11-30.json)."""
+    """Shared-memory need (2-byte elements): the Q tile once (none with q_regs: it stays in
+    registers), K and V tiles per pipeline stage. Matches what Triton 3.6 asked for on the H200
+    sweeps to the byte (hd128 64x128 s4: 278528, 128x128 s4: 294912; hd256 64x128 s2: 294912;
+    h200_sweep*_2026-11-30.json), and its sm90 compile of the TMA kernel, hd128 64x64 s3, up to
+    barriers and alignment (115712 vs 114688; with q_regs 98360 vs 98304;
+    benchmarks/compile_probe.py)."""
     dqk = sum(w for _, w in spec.head_chunks("qk"))
     dv = sum(w for _, w in spec.head_chunks("v"))
-    return 2 * (cfg.block_m * dqk + cfg.num_stages * cfg.block_n * (dqk + dv))
+    q_tile = 0 if (cfg.q_regs and cfg.tma) else cfg.block_m * dqk
+    return 2 * (q_tile + cfg.num_stages * cfg.block_n * (dqk + dv))
 
 
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
@@ -190,7 +194,7 @@ BWD_SPACE: dict[str, tuple] = {
 }
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
-    ("fwd", "sm90"): {"tma": (False, True)},
+    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True)},
     ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
@@ -247,7 +251,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
-        return _sm90_fwd_default(d)
+        return _sm90_fwd_default(d, spec.varlen)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
     if d <= 128:
@@ -261,7 +265,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     return FwdConfig(128, 64, 8, 2)
 
 
-def _sm90_fwd_default(d: int) -> FwdConfig:
+def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
     """The sm90 family's dense forward, from the H200 config A/B (bf16 TFLOP/s, same run;
     benchmarks/results/h200_ab_configs_2026-11-30.json): 64x64 TMA tiles with 3 stages won on every
     hd128 case (full 532 vs 500 for the pointer kernel's 128x64; causal S4096 470; causal S16384
@@ -269,19 +273,27 @@ def _sm90_fwd_default(d: int) -> FwdConfig:
     dims want longer query tiles or fewer stages: hd80 (64 + 16) 64x64 2 stages 410, hd96 (64 + 32)
     128x64 439, hd192 (128 + 64) 128x64 473; hd256 64x64 with lazy rescaling 465 (445 without).
     Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default.
-    Packed documents take the same table: on 8 causal 1024-token documents (GQA 32/8, hd128) the
-    TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default (347 with
-    the documents isolated, h200_ab_varlen_guard_2026-12-01.json), and on 8 uneven documents 398 vs
-    339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
+    The Q tile in registers (q_regs) then won on the 64x64 tiles up to hd128, two runs
+    (h200_ab_fwd_qregs_2026-12-01.json, h200_ab_fwd_qregs2_2026-12-01.json): full 493 -> 508 and
+    513 -> 556, causal S4096 482 -> 506 and 486 -> 488, causal S16384 486 -> 516 and 496 -> 533,
+    GQA 510 -> 525 and 510 -> 538, window 435 -> 443 and 435 -> 445, hd64 389 -> 431 and 403 -> 422;
+    hd96 on 64x64 tiles with it 457 vs 438 for 128x64; it lost on hd80 (399 vs 407), hd256 (314 vs
+    467: spills), hd192 (471 vs 473) and on packed documents (8 x 1024: 339 vs 347; uneven 387 vs
+    398). Three programs per SM (2 stages and maxnreg=168, or 64x32 tiles) lost everywhere.
+    Packed documents take the same table otherwise: on 8 causal 1024-token documents (GQA 32/8,
+    hd128) the TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default
+    (347 with the documents isolated, h200_ab_varlen_guard_2026-12-01.json), and on 8 uneven
+    documents 398 vs 339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
     programs were slower (h200_ab_varlen_2026-12-01.json, h200_ab_varlen_fwd_2026-12-01.json)."""
+    regs = not varlen
     if d <= 64:
-        return FwdConfig(64, 64, 4, 3, tma=True)
+        return FwdConfig(64, 64, 4, 3, tma=True, q_regs=regs)
     if d <= 80:
         return FwdConfig(64, 64, 4, 2, tma=True)
     if d < 128:
-        return FwdConfig(128, 64, 8, 3, tma=True)
+        return FwdConfig(64, 64, 4, 3, tma=True, q_regs=True) if regs else FwdConfig(128, 64, 8, 3, tma=True)
     if d == 128:
-        return FwdConfig(64, 64, 4, 3, tma=True)
+        return FwdConfig(64, 64, 4, 3, tma=True, q_regs=regs)
     if d <= 192:
         return FwdConfig(128, 64, 8, 3, tma=True)
     return FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True)

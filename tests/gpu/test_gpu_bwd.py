@@ -59,13 +59,14 @@ def test_backward_matches_float64_reference(c: Shape, gpu_records):
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("atomic,split", [(False, False), (True, False), (False, True)],
-                         ids=["dq-pass", "dq-reduce-add", "split-dkdv"])
-def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: bool, gpu_records):
+@pytest.mark.parametrize("atomic,split,regs", [(False, False, False), (True, False, False), (False, True, False),
+                                               (False, False, True)],
+                         ids=["dq-pass", "dq-reduce-add", "split-dkdv", "dq-regs"])
+def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: bool, regs: bool, gpu_records):
     """The sm90 TMA backward kernels (BwdConfig.tma: tiles through descriptors; with atomic_dq
     the dQ tiles by TMA reduce-add inside the dK/dV pass, else the TMA dQ pass; split_dkdv: dK and
-    dV from two launches), forced here whether or not the default table or the database picks
-    them, with the same rule."""
+    dV from two launches; dq_regs: the dQ pass's Q and dO held in registers), forced here whether
+    or not the default table or the database picks them, with the same rule."""
     import dataclasses
     import math
 
@@ -84,7 +85,8 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     mask, wl, wr = mask_kind(c.causal, c.window)
     spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
                       softcap=c.softcap > 0)
-    cfg = dataclasses.replace(default_bwd_config(spec), atomic_dq=atomic, tma=True, split_dkdv=split)
+    cfg = dataclasses.replace(default_bwd_config(spec), atomic_dq=atomic, tma=True, split_dkdv=split,
+                              dq_regs=regs)
     if atomic and c.D > 128:  # the default tiles and the fp32 dQ tile do not fit the shared memory together
         cfg = dataclasses.replace(cfg, block_m=32, block_n=64, num_warps=4, num_stages=2)
     assert check_bwd(spec, cfg) is None
@@ -93,8 +95,8 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
     attn_bwd(loader.load(spec), spec, q, k, v, out, dout, lse, *grads, args, cfg, deterministic=False)
     torch.cuda.synchronize()
-    rec = c.record("bwd-tma" + ("-dq-reduce" if atomic else "") + ("-split" if split else ""), passed=False,
-                   error=None)
+    rec = c.record("bwd-tma" + ("-dq-reduce" if atomic else "") + ("-split" if split else "")
+                   + ("-dq-regs" if regs else ""), passed=False, error=None)
     gpu_records.append(rec)
     try:
         errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],

@@ -102,16 +102,16 @@ def test_forward_matches_float64_reference(c: Shape, gpu_records):
 
 
 KNOB_CASES = [c for c in CASES if c.layout == "bhsd"][::3]
-KNOBS = [dict(persistent=1), dict(persistent=2)]
+KNOBS = [dict(persistent=1), dict(persistent=2), dict(q_regs=True), dict(q_regs=False, maxnreg=168)]
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda kn: "-".join(f"{k}{int(v)}" for k, v in kn.items()))
 @pytest.mark.parametrize("c", KNOB_CASES, ids=lambda c: c.id)
 def test_tma_knobs_forward_matches_float64_reference(c: Shape, knobs: dict, gpu_records):
-    """The sm90 TMA forward with its schedule knob (FwdConfig.persistent: programs per SM)
-    forced onto the default tiles, whether or not the default table picks them, with the same
-    rule (the persistent programs cover every tile exactly once: a missed or doubled tile shows
-    as a wrong row)."""
+    """The sm90 TMA forward with its knobs (FwdConfig.persistent: programs per SM; q_regs: the Q
+    tile in registers; maxnreg: a register cap) forced onto the default tiles, whether or not the
+    default table picks them, with the same rule (the persistent programs cover every tile exactly
+    once: a missed or doubled tile shows as a wrong row)."""
     import dataclasses
     import math
 

@@ -140,3 +140,31 @@ def test_sm90_backward_goes_through_the_tma_kernels():
         torch.testing.assert_close(g_tma[0], g_ptr[0], atol=2e-3, rtol=0)
         torch.testing.assert_close(g_tma[1], g_ptr[1], atol=2e-3, rtol=0)
         torch.testing.assert_close(g_tma[2], g_ptr[2], atol=2e-3, rtol=0)
+
+
+def test_sm90_operands_in_registers_change_nothing():
+    """q_regs (the forward's Q tile in registers) and dq_regs (the dQ pass's Q and dO in
+    registers) only change where the compiler keeps those tiles (the rows past the end are zeroed,
+    which the copy engine's zero fill already gave): O, LSE and dQ bit for bit as without them, on
+    a case whose last query block runs past the end (Sq = 113)."""
+    spec, path = next((s, p) for s, p in KERNELS if s.target == "sm90" and s.head_dim_qk == 128
+                      and s.mask == "causal")
+    fspec = spec.replace(family="fwd")
+    case = cases_for(spec)[0]
+    assert case.sq % 32, "the case must leave a partial query block"
+    q, k, v = make_qkv(spec, case, 23)
+    dout, = random_inputs(q.shape[:3] + (spec.head_dim_v,), dtype=q.dtype, seed=24)
+    mask, wl, wr = mask_kind(case.causal, case.window)
+    args = MaskArgs(scale=1.0 / math.sqrt(spec.head_dim_qk), softcap=case.softcap, window_left=wl,
+                    window_right=wr, align_top_left=case.top_left)
+    res = {}
+    for regs in (False, True):
+        out, lse = nan_like(torch.empty(q.shape[:3] + (spec.head_dim_v,), dtype=q.dtype)), nan_like(torch.empty(q.shape[:3]))
+        attn_fwd(load_path(FWD[spec]), fspec, q, k, v, out, lse, args, FwdConfig(32, 32, 4, 1, tma=True, q_regs=regs))
+        g = (nan_like(q), nan_like(k), nan_like(v))
+        cfg = dataclasses.replace(TEST_CONFIG, tma=True, dq_regs=regs)
+        attn_bwd(load_path(path), spec, q, k, v, out, dout, lse, *g, args, cfg, True)
+        assert all(torch.isfinite(t).all() for t in (out, lse) + g), f"regs={regs}: an output left unwritten"
+        res[regs] = (out, lse) + g
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), res[False], res[True]):
+        assert torch.equal(a, b), f"{spec.uri}: {name} differs with the operands in registers"

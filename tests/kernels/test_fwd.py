@@ -40,11 +40,11 @@ def config_for(spec, i):
     """The sm90 family's dense kernels run their TMA kernel here (their pointer kernel is the sm80
     code, tested there): plain or warp-specialized key loop, one program per tile or persistent
     (the interpreter counts 2 SMs, so a persistent program walks several tiles); lazy rescaling
-    alternates too (cases cycle through them)."""
+    and the Q tile in registers alternate too (cases cycle through them)."""
     if spec.target == "sm90":
-        return [FwdConfig(32, 32, 4, 1, tma=True, lazy_rescale=True),
+        return [FwdConfig(32, 32, 4, 1, tma=True, lazy_rescale=True, q_regs=True),
                 FwdConfig(32, 32, 4, 1, tma=True, warp_specialize=True),
-                FwdConfig(32, 32, 4, 1, tma=True, persistent=1),
+                FwdConfig(32, 32, 4, 1, tma=True, persistent=1, q_regs=True),
                 FwdConfig(32, 32, 4, 1, tma=True, persistent=2, warp_specialize=True, lazy_rescale=True)][i % 4]
     return dataclasses.replace(TEST_CONFIG, lazy_rescale=i % 2 == 1)
 

@@ -76,8 +76,9 @@ def test_varlen_other_masks(kw, tmp_path, monkeypatch):
 
 
 def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1), softcap=0.0):
-    """The sm90 TMA kernels of a document spec, called directly: forward with the plain,
-    persistent and warp-specialized key loops, backward on both dQ paths; outputs poisoned first,
+    """The sm90 TMA kernels of a document spec, called directly: forward with the plain (Q in
+    registers), persistent and warp-specialized key loops, backward on both dQ paths (the dQ pass
+    with Q and dO in registers); outputs poisoned first,
     checked against the per-document float64 reference with the flash-attn rules."""
     import attngen.interp
     from attngen.kernels.bwd import attn_bwd_varlen, bwd_launches
@@ -100,7 +101,7 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
     ref, ref_lse = per_doc_reference(q, k, v, cu_q, cu_k, True, **kw)
     pt, _ = per_doc_reference(q, k, v, cu_q, cu_k, False, **kw)
     out = lse = None
-    for cfg in (FwdConfig(32, 32, 4, 1, tma=True), FwdConfig(32, 32, 4, 1, tma=True, persistent=2, lazy_rescale=True),
+    for cfg in (FwdConfig(32, 32, 4, 1, tma=True, q_regs=True), FwdConfig(32, 32, 4, 1, tma=True, persistent=2, lazy_rescale=True),
                 FwdConfig(32, 32, 8, 1, tma=True, warp_specialize=True)):
         out = torch.full((tq, hq, d), float("nan"), dtype=dtype)
         lse = torch.full((hq, tq), float("nan"))
@@ -111,7 +112,7 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
         assert_flash_rule(f"{spec.uri}/{cfg}", out, ref, pt, factor=2.0)
         assert_lse_close(f"{spec.uri}/{cfg}/lse", lse, ref_lse)
     for det, split in ((False, False), (True, False), (False, True)):
-        cfg = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1, atomic_dq=not det, tma=True, split_dkdv=split)
+        cfg = BwdConfig(32, 32, 4, 1, 32, 32, 4, 1, atomic_dq=not det, tma=True, split_dkdv=split, dq_regs=det)
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         launches = bwd_launches(bmod, bspec, q, k, v, out, dout, lse, lse, *grads, args, cfg, not det,
                                 cu_q, cu_k, mq, mk)

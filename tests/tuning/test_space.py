@@ -52,9 +52,32 @@ def test_bwd_smem_model_matches_triton():
     (BwdConfig(64, 64, 3, 2, 64, 64, 4, 2), "dK/dV: num_warps"),
     (BwdConfig(64, 64, 4, 2, 64, 64, 4, 0), "dQ: num_stages"),
     (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, split_dkdv=True), "split_dkdv exists in the sm90 family's TMA"),
+    (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, dq_regs=True), "dq_regs exists in the sm90 family's TMA dQ pass"),
+    (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, atomic_dq=True, dq_regs=True), "dq_regs exists"),
 ])
 def test_check_bwd_names_the_kernel_and_the_problem(cfg, reason):
     assert space.check_bwd(spec("bwd"), cfg).startswith(reason)
+
+
+@pytest.mark.parametrize("cfg, reason", [
+    (FwdConfig(64, 64, 4, 3, q_regs=True), "q_regs exists in the sm90 family's TMA kernel only"),
+    (FwdConfig(64, 64, 4, 3, tma=True, maxnreg=100), "maxnreg is 0"),
+    (FwdConfig(64, 64, 4, 3, tma=True, maxnreg=512), "maxnreg is 0"),
+])
+def test_check_fwd_register_knobs(cfg, reason):
+    assert space.check_fwd(spec(), cfg).startswith(reason)
+    assert space.check_fwd(spec(), dataclasses.replace(cfg, tma=True, maxnreg=168)) is None
+
+
+def test_sm90_defaults_hold_q_in_registers_where_it_won():
+    """q_regs is the sm90 default where the H200 A/B measured it faster (dense, hd <= 128 but
+    hd80), not for packed documents, hd80, hd192 or hd256 (h200_ab_fwd_qregs*_2026-12-01.json)."""
+    want = {64: True, 80: False, 96: True, 128: True, 192: False, 256: False}
+    for d, regs in want.items():
+        assert space.default_fwd_config(spec(d=d), "cuda", 4096).q_regs is regs, d
+        docs = KernelSpec("fwd", "bf16", "sm90", d, d, 4, "causal", varlen=True)
+        assert space.default_fwd_config(docs, "cuda", 4096).q_regs is False, d
+    assert space.default_fwd_config(spec(d=128, target="sm80"), "cuda", 4096).q_regs is False
 
 
 def test_sm80_has_less_shared_memory():
