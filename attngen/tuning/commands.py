@@ -155,8 +155,10 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from attngen.tuning.tuner import config_text
+    from attngen.tuning.winners import MIN_GAIN
 
-    table = Table(title=f"{len(rows)} winners in {where}", title_justify="left")
+    table = Table(title=f"{len(rows)} winners in {where}", title_justify="left",
+                  caption=f"*: under {MIN_GAIN:.0%} over the default, which then serves the bucket")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
                       ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("template", "left")):
         table.add_column(col, justify=just, no_wrap=col != "config")
@@ -164,7 +166,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         table.add_row(r.uri, r.device_class, r.bucket, config_text(r.config, r.family),
                       f"{r.tflops:.1f}" if r.tflops else "-",
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
-                      f"{r.gain:+.1%}" if r.gain is not None else "-", r.template_hash)
+                      (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
+                      r.template_hash)
     Console(width=max(160, Console().width), soft_wrap=False).print(table)
     return 0
 

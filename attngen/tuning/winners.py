@@ -28,13 +28,19 @@ from attngen.tuning.buckets import ShapeBucket, nearest, parse_bucket
 
 TuningDBError = schema.TuningDBError
 
-_QUERY = (f"SELECT k.uri, k.template_hash, k.family, w.device_class, b.key, w.config_json "
+_QUERY = (f"SELECT k.uri, k.template_hash, k.family, w.device_class, b.key, w.config_json, "
+          f"w.time_ms, w.default_time_ms "
           f"FROM {schema.WINNERS} w "
           f"JOIN {schema.KERNELS} k ON w.kernel_id = k.id "
           f"JOIN {schema.SHAPE_BUCKETS} b ON w.bucket_id = b.id")
 
-# (uri, device_class) -> [(bucket, template_hash, family, config dict)]
-_Table = dict[tuple[str, str], list[tuple[ShapeBucket, str, str, dict]]]
+# (uri, device_class) -> [(bucket, template_hash, family, config dict, gain over the default)]
+_Table = dict[tuple[str, str], list[tuple[ShapeBucket, str, str, dict, float | None]]]
+
+# A winner that beats the default config of its study by less than this is measurement noise (the
+# same kernel and config moves by 1-5 % between H200 runs, benchmarks/README.md): the bucket keeps
+# the default table's config, which the A/Bs that picked it measured with more care
+MIN_GAIN = 0.02
 
 _lock = threading.Lock()
 _table: _Table | None = None
@@ -48,15 +54,20 @@ def lookup(uri: str, template_hash: str, device_class: str, bucket: ShapeBucket)
     None when nothing usable was tuned for this uri and device class.
 
     Winners tuned with another template (their template hash differs from `template_hash`) are
-    ignored, with one warning per uri; so are configs whose fields no longer fit the config class."""
+    ignored, with one warning per uri; so are configs whose fields no longer fit the config class.
+    A bucket whose winner beat the default by less than MIN_GAIN is served by the default table
+    (None), and so are the untuned buckets nearest to it."""
     rows = _load().get((uri, device_class))
     if not rows:
         return None
-    fresh: dict[ShapeBucket, dict] = {}
+    fresh: dict[ShapeBucket, dict | None] = {}
     stale = []
-    for b, h, family, cfg in rows:
+    for b, h, family, cfg, gain in rows:
         if h != template_hash:
             stale.append(h)
+            continue
+        if gain is not None and gain < MIN_GAIN:
+            fresh[b] = None
             continue
         try:
             fresh[b] = dataclasses.asdict(space.config_from_dict(family_of(family).config, cfg))
@@ -69,10 +80,8 @@ def lookup(uri: str, template_hash: str, device_class: str, bucket: ShapeBucket)
                         f"(retune with `attngen tune`); using the default configs")
     if not fresh:
         return None
-    if bucket in fresh:
-        return dict(fresh[bucket])
-    near = nearest(bucket, fresh)
-    return dict(fresh[near]) if near is not None else None
+    near = bucket if bucket in fresh else nearest(bucket, fresh)
+    return dict(fresh[near]) if near is not None and fresh[near] is not None else None
 
 
 def reset() -> None:
@@ -121,14 +130,15 @@ def _read(location: str) -> _Table:
     else:
         rows = _read_sqlalchemy(url)
     table: _Table = {}
-    for uri, template_hash, family, device_class, key, config_json in rows:
+    for uri, template_hash, family, device_class, key, config_json, time_ms, default_ms in rows:
         try:
             b = parse_bucket(key)
             cfg = json.loads(config_json)
         except ValueError as exc:
             raise schema.CorruptDatabase(f"{_where()}: winner of {uri} has a bad bucket or config "
                                          f"({exc})") from None
-        table.setdefault((uri, device_class), []).append((b, template_hash, family, cfg))
+        gain = default_ms / time_ms - 1.0 if default_ms and time_ms and time_ms > 0 else None
+        table.setdefault((uri, device_class), []).append((b, template_hash, family, cfg, gain))
     return table
 
 

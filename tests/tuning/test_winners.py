@@ -26,8 +26,9 @@ DEVICE = dict(device_class="h100", gpu_name="NVIDIA H200", capability="9.0", dri
 CFG = {"q1024_k1024_bh32": FwdConfig(64, 64, 4, 3), "q8192_k8192_bh32": FwdConfig(128, 64, 8, 2)}
 
 
-def write(url, rows):
-    """rows: (uri, template hash, family, device class, bucket key, config dict)"""
+def write(url, rows, default_ms=2.0):
+    """rows: (uri, template hash, family, device class, bucket key, config dict); each winner took
+    1 ms, its study's default config `default_ms` (a dict: per bucket key)"""
     with dbs.Store(url, "create") as st:
         with st.session() as s:
             dev = dbs.find_or_add_device(s, DEVICE)
@@ -36,7 +37,8 @@ def write(url, rows):
                 b = dbs.find_or_add_bucket(s, key)
                 t = dbs.add_trial(s, kernel=k, device=dev, bucket=b, config=cfg, status="ok",
                                   shape={}, time_ms=1.0, tflops=1.0)
-                assert dbs.offer_winner(s, t, cls, 2.0, 0.5)
+                dms = default_ms[key] if isinstance(default_ms, dict) else default_ms
+                assert dbs.offer_winner(s, t, cls, dms, 1.0 / dms)
         assert st.pack()
 
 
@@ -65,6 +67,19 @@ def test_exact_nearest_and_untuned(db):
     got = winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32"))
     got["block_m"] = 1  # a copy: the cache stays intact
     assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32"))["block_m"] == 64
+
+
+def test_a_winner_within_noise_of_the_default_leaves_the_default(db):
+    """A winner less than MIN_GAIN faster than its study's default config is noise: that bucket
+    and the untuned buckets nearest to it get None (the default table serves); a clear win serves."""
+    write(db, [(URI, "h1", "fwd", "h100", k, dataclasses.asdict(c)) for k, c in CFG.items()],
+          default_ms={"q1024_k1024_bh32": 1.0 + winners.MIN_GAIN / 2, "q8192_k8192_bh32": 1.0 + 2 * winners.MIN_GAIN})
+    assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) is None
+    assert winners.lookup(URI, "h1", "h100", bucket_of(2000, 2000, 16)) is None  # nearest: 1k
+    assert winners.lookup(URI, "h1", "h100", parse_bucket("q8192_k8192_bh32")) == dataclasses.asdict(
+        CFG["q8192_k8192_bh32"])
+    assert winners.lookup(URI, "h1", "h100", bucket_of(16384, 16384, 64)) == dataclasses.asdict(
+        CFG["q8192_k8192_bh32"])
 
 
 def test_no_database_means_defaults(db):
