@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 import re
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
     args = ap.parse_args(argv)
 
     nums = [int(x) for x in args.config.split(",")]
@@ -163,17 +165,26 @@ def main(argv=None) -> int:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
                                 torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
                                 bool(cfg.atomic_dq))[1:]
-    print(f"{spec.uri}  {cfg}  {switch or ''}")
+    if not args.json:
+        print(f"{spec.uri}  {cfg}  {switch or ''}")
+    reports = []
     for i, launch in enumerate(launches):
         try:
             rep = probe(launch, tmp, Path(args.dump) if args.dump else None, f"{i}_{launch.fn.__name__}")
         except Exception as exc:  # noqa: BLE001 -- a probe reports, it does not stop
-            print(f"  {launch.fn.__name__}: {type(exc).__name__}: {str(exc)[:400]}")
+            rep = {"kernel": launch.fn.__name__, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+        reports.append(rep)
+        if args.json:
+            continue
+        if "error" in rep:
+            print(f"  {rep['kernel']}: {rep['error']}")
             continue
         print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
               f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
               f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
-    return 0
+    if args.json:
+        print(json.dumps(reports))
+    return 1 if any("error" in r for r in reports) else 0
 
 
 if __name__ == "__main__":
