@@ -16,7 +16,6 @@ the config asks for TMA.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -41,6 +40,9 @@ from attngen.kernels.launch import make_descriptors  # noqa: E402
 from attngen.runtime import loader  # noqa: E402
 from attngen.spec import KernelSpec  # noqa: E402
 from attngen.tuning.space import BwdConfig, FwdConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fwd_ab import parse_config  # noqa: E402
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
           torch.int64: "i64"}
@@ -92,10 +94,7 @@ def ptxas_report(ptx: str, tmp: Path) -> dict:
 def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sig, const = signature(launch)
     src = ASTSource(launch.fn, sig, const)
-    opts = {"num_warps": launch.num_warps, "num_stages": launch.num_stages}
-    if getattr(launch, "maxnreg", None):
-        opts["maxnreg"] = launch.maxnreg
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options)
     ptx = ck.asm["ptx"]
     rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
            "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
@@ -105,10 +104,10 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
             (dump / f"{tag}.{ext}").write_text(ck.asm[ext])
-        nvdisasm = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
         cubin = tmp / "k.cubin"
         cubin.write_bytes(ck.asm["cubin"])
-        sass = subprocess.run([str(nvdisasm), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
         (dump / f"{tag}.sass").write_text(sass)
     return rep
 
@@ -135,14 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
     args = ap.parse_args(argv)
 
-    nums = [int(x) for x in args.config.split(",")]
     cls = FwdConfig if args.family == "fwd" else BwdConfig
-    cfg = cls(*nums, tma=True)
-    for item in args.also:
-        name, val = item.split("=", 1)
-        field = {f.name: f for f in dataclasses.fields(cls)}[name]
-        cast = {"bool": lambda s: s == "True", "int": int}.get(str(field.type), int)
-        cfg = dataclasses.replace(cfg, **{name: cast(val)})
+    cfg = parse_config(",".join([args.config, *args.also]), cls)
     switch = dict(s.split("=", 1) for s in args.switch)
     spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask)
     tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))

@@ -68,11 +68,13 @@ def qregs_variants(base: FwdConfig) -> list[FwdConfig]:
     return out
 
 
-def parse_config(text: str) -> FwdConfig:
-    """--config M,N,W,S[,field=value...]: tiles, warps, stages (TMA on) and other FwdConfig fields."""
+def parse_config(text: str, cls: type = FwdConfig):
+    """--config M,N,W,S[,...][,field=value...]: the config class's leading int fields (tiles, warps,
+    stages; a BwdConfig also its dQ pass's), TMA on, then other fields by name."""
     parts = text.split(",")
-    cfg = FwdConfig(*map(int, parts[:4]), tma=True)
-    for item in parts[4:]:
+    nums = [int(p) for p in parts if "=" not in p]
+    cfg = cls(*nums, tma=True)
+    for item in (p for p in parts if "=" in p):
         name, val = item.split("=", 1)
         value = {"True": True, "False": False}[val] if val in ("True", "False") else int(val)
         cfg = dataclasses.replace(cfg, **{name: value})
