@@ -64,7 +64,8 @@ def signature(launch) -> tuple[dict, dict]:
             sig[name] = "*" + DTYPES[val.dtype]
         elif type(val).__name__ == "TensorDescriptor":
             block = ",".join(str(b) for b in val.block_shape)
-            sig[name] = f"tensordesc<{DTYPES[val.base.dtype]}[{block}]>"
+            layout = f",{val.layout!r}" if getattr(val, "layout", None) is not None else ""  # Gluon's
+            sig[name] = f"tensordesc<{DTYPES[val.base.dtype]}[{block}]{layout}>"
         elif isinstance(val, bool):
             sig[name] = "i1"
         elif isinstance(val, int):
@@ -93,7 +94,12 @@ def ptxas_report(ptx: str, tmp: Path) -> dict:
 
 def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sig, const = signature(launch)
-    src = ASTSource(launch.fn, sig, const)
+    if getattr(launch.fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(launch.fn, sig, const)
+    else:
+        src = ASTSource(launch.fn, sig, const)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options)
     ptx = ck.asm["ptx"]
     rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,

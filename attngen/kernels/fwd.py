@@ -10,7 +10,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import FwdConfig
+from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, FwdConfig, triton_fallback
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -41,6 +41,19 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "LAZY_RESCALE": bool(cfg.lazy_rescale),
     }
+    # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
+    use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
+              and q.device.type == "cuda")
+    if use_ws and not packed and rows and bh:
+        descs = tma_descriptors(*_ws_views(cfg, q, k, v, out))
+        if descs is not None:
+            values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS)
+            return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1, descs,
+                           maxnreg=cfg.maxnreg or WS_MAXNREG)]
+    if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
+        cfg = triton_fallback(cfg)
+        blocks = triton.cdiv(rows, cfg.block_m)
+        values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0
     descs = None
     if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and grid:
@@ -53,6 +66,16 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs,
                        maxnreg=cfg.maxnreg)]
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
+
+
+def _ws_views(cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
+    """The warp-specialized kernel's descriptors (views, block shapes, shared-memory layouts): Q
+    and O in tiles of one consumer's rows, K and V in key blocks."""
+    rows = cfg.block_m // cfg.consumers
+    views = {"desc_q": ("Q", q), "desc_k": ("K", k), "desc_v": ("V", v), "desc_o": ("Out", out)}
+    blocks = {"desc_q": [1, 1, rows, q.shape[3]], "desc_k": [1, 1, cfg.block_n, k.shape[3]],
+              "desc_v": [1, 1, cfg.block_n, v.shape[3]], "desc_o": [1, 1, rows, out.shape[3]]}
+    return views, {n: (b, "gluon") for n, b in blocks.items()}
 
 
 def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:

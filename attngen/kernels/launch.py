@@ -101,7 +101,11 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
         if (view.numel() == 0 or view.stride(3) != 1 or view.data_ptr() % 16
                 or any((st * esize) % 16 for st in view.stride()[:3])):
             return None
-        out[name] = (src, list(view.shape), list(view.stride()), blocks[name])
+        block = blocks[name]
+        if isinstance(block, tuple):  # (block shape, "gluon"): a Gluon kernel's descriptor
+            out[name] = (src, list(view.shape), list(view.stride()), block[0], str(view.dtype))
+        else:
+            out[name] = (src, list(view.shape), list(view.stride()), block)
     return out
 
 
@@ -119,10 +123,31 @@ def tile_names(prefix: str, tiles) -> list[str]:
 
 
 def make_descriptors(descs: dict, tensors: dict) -> dict:
+    """Descriptors around `tensors` (name -> tensor): Triton's for a 4-tuple entry, Gluon's (with
+    the shared-memory layout its kernel allocates) for a 5-tuple (..., dtype name)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    return {name: TensorDescriptor(tensors[src], shape, strides, block)
-            for name, (src, shape, strides, block) in descs.items()}
+    out = {}
+    for name, (src, shape, strides, block, *gluon) in descs.items():
+        if gluon:
+            out[name] = _gluon_descriptor(tensors[src], shape, strides, block, gluon[0])
+        else:
+            out[name] = TensorDescriptor(tensors[src], shape, strides, block)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_layout(block: tuple, dtype: str):
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(list(block), {"torch.bfloat16": gl.bfloat16,
+                                                              "torch.float16": gl.float16}[dtype])
+
+
+def _gluon_descriptor(t, shape, strides, block, dtype: str):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(t, shape, strides, block, _gluon_layout(tuple(block), dtype))
 
 
 def programs(blocks: int, batch_heads: int, what: str) -> int:

@@ -38,6 +38,12 @@ class FwdConfig:
     # ptxas's register cap per thread (0: the compiler's choice): under 168 registers three 4-warp
     # programs fit on an SM (65536 registers, allocated per warp in steps of 256)
     maxnreg: int = 0
+    # sm90 family, dense calls of one 64- or 128-column head-dim tile without softcapping (the
+    # module's WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
+    # num_stages K / V buffers through TMA and `consumers` warp groups (num_warps = 4 each) of
+    # block_m // consumers query rows compute from it; maxnreg: the kernel's register cap (0: 168,
+    # the consumers then take 232 each). 0: the Triton kernels
+    consumers: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -96,6 +102,38 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
     return 2 * (q_tile + cfg.num_stages * cfg.block_n * (dqk + dv))
 
 
+WS_MAXNREG = 168  # the warp-specialized forward's register cap: 12 warps (3 warp groups) fit an SM
+WS_CONSUMER_REGS = 232  # what each consumer warp group takes back from the producer's 24
+
+
+def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
+    """The warp-specialized Gluon forward's own constraints (cfg.consumers > 0)."""
+    from attngen.codegen.render import ws_forward
+
+    if not ws_forward(spec):
+        return ("consumers (the warp-specialized Gluon forward) exists for dense sm90 calls of head "
+                "dim 64 or 128 without softcapping only")
+    if cfg.consumers != 2:
+        return "consumers is 0 (the Triton kernels) or 2 (two consumer warp groups)"
+    if not cfg.tma:
+        return "consumers needs tma (the producer warp issues TMA loads)"
+    if cfg.block_m != 64 * cfg.consumers or cfg.num_warps != 4:
+        return "consumers: each consumer is one warp group of 64 query rows (block_m = 64 x consumers, num_warps = 4)"
+    if cfg.block_n not in (64, 128):
+        return "consumers: block_n is 64 or 128"
+    if cfg.q_regs or cfg.persistent or cfg.warp_specialize or cfg.lazy_rescale:
+        return "consumers: q_regs, persistent, warp_specialize and lazy_rescale are Triton-kernel knobs"
+    return None
+
+
+def triton_fallback(cfg: FwdConfig) -> FwdConfig:
+    """The Triton kernels' config that serves a call the warp-specialized forward cannot take (rows
+    not 16-byte aligned for the copy engine, a host-bound shape): the sm90 default's tiles."""
+    if not cfg.consumers:
+        return cfg
+    return FwdConfig(64, 64, 4, 3, tma=cfg.tma, q_regs=cfg.tma)
+
+
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     """None if `cfg` can launch `spec`'s forward kernel, else the reason (the tuner records it)."""
     if not (_pow2(cfg.block_m) and _pow2(cfg.block_n)):
@@ -106,6 +144,10 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return "num_warps must be 1, 2, 4, 8 or 16"
     if cfg.num_stages < 1:
         return "num_stages must be >= 1"
+    if cfg.consumers:
+        why = check_ws(spec, cfg)
+        if why:
+            return why
     need, have = fwd_smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
@@ -194,7 +236,7 @@ BWD_SPACE: dict[str, tuple] = {
 }
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
-    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True)},
+    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True), "consumers": (0, 2)},
     ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
@@ -251,6 +293,8 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
+        if check_ws(spec, WS_DEFAULT) is None:
+            return WS_DEFAULT
         return _sm90_fwd_default(d, spec.varlen)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
@@ -263,6 +307,14 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 3) if 0 < seqlen_q <= 1024 else FwdConfig(128, 64, 8, 3)
     # hd256: 398 TFLOP/s vs 339 for 64x32x4x2 (h200_sweep_hd256_2026-11-30.json)
     return FwdConfig(128, 64, 8, 2)
+
+
+# The warp-specialized Gluon forward (FwdConfig.consumers) where it exists: 128 query rows over two
+# consumer warp groups, 128-key blocks, a 2-deep K / V ring. H200, bf16, TFLOP/s beside the Triton
+# kernel's default and cuDNN in one run (benchmarks/gluon_fwd.py, h200_gluon_fwd_2026-12-01.json):
+# full 593 vs 538 (cuDNN 663), causal S4096 529 vs 445 (516), causal S16384 617 vs 512 (545), GQA
+# 32/8 S8192 571 vs 475 (550), causal hd64 400 vs 387 (434); 64-key blocks with 3-4 stages 478-555.
+WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)
 
 
 def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
