@@ -106,6 +106,9 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
            "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
     rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
+    # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
+    # inside a warp group)
+    rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
     if args.family == "fwd":
-        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg)
+        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True)
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
                                 torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,

@@ -14,10 +14,12 @@ from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, FwdConfig, triton
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
-                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
+                 cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
+                 gluon: bool | None = None) -> list[Launch]:
     """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32, any
     strides (a bshd tensor is passed as its permuted view). Packed (cu_seqlens given): q (Tq, Hq, D),
-    k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq)."""
+    k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq). gluon: whether a Gluon kernel may serve
+    (None: on a GPU only; Triton's interpreter does not run Gluon; the compile probe says True)."""
     packed = cu_seqlens_q is not None
     if packed:
         Hq = q.shape[1]
@@ -43,7 +45,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     }
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
-              and q.device.type == "cuda")
+              and (q.device.type == "cuda" if gluon is None else gluon))
     if use_ws and not packed and rows and bh:
         descs = tma_descriptors(*_ws_views(cfg, q, k, v, out))
         if descs is not None:

@@ -236,7 +236,7 @@ BWD_SPACE: dict[str, tuple] = {
 }
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
     # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
-    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True), "consumers": (0, 2)},
+    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True)},
     ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}

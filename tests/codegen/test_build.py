@@ -413,3 +413,37 @@ def test_family_without_template_is_a_codegen_error(tmp_path):
     with pytest.raises(CodegenError, match=r"attn_bwd_fp16_hd128_gqa2_causal_sm80: kernel family 'bwd' "
                                            r"is not implemented yet \(no template attn_bwd.py.jinja"):
         render(ks, root=root)
+
+
+def test_warp_specialized_forward_is_generated_where_it_exists():
+    """sm90 dense forward kernels of head dim 64 / 128 without softcapping carry the Gluon kernel
+    (WS_FWD); packed documents, softcapping, split head dims and sm80 do not even import Gluon.
+    On a CPU tensor the launcher gives such a config to the Triton kernels (the interpreter does
+    not run Gluon), with the fallback's tiles."""
+    import torch
+
+    from attngen.codegen.render import render
+    from attngen.kernels.common import MaskArgs
+    from attngen.kernels.fwd import fwd_launches
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import WS_DEFAULT, triton_fallback
+
+    dense = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
+    src = render(dense)
+    assert "WS_FWD = True" in src and "\ndef _attn_fwd_ws(" in src and "warp_specialize(" in src
+    assert '@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"' in src
+    for other in (dense.replace(varlen=True), dense.replace(softcap=True),
+                  dense.replace(head_dim_qk=96, head_dim_v=96), dense.replace(target="sm80")):
+        text = render(other)
+        assert "WS_FWD = False" in text and "gluon" not in text, other
+
+    q = torch.randn(1, 4, 33, 128, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 1, 33, 128, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 33)
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    (launch,) = fwd_launches(loader.load(dense), dense, q, k, v, out, lse, args, WS_DEFAULT)
+    fb = triton_fallback(WS_DEFAULT)
+    assert launch.fn.__name__ == "_attn_fwd_tma", launch.fn
+    assert (launch.values["BLOCK_M"], launch.values["BLOCK_N"], launch.num_warps) == (fb.block_m, fb.block_n, 4)
+    assert launch.values["num_m_blocks"] == 1

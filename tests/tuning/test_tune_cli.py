@@ -29,12 +29,14 @@ from attngen.tuning.space import FwdConfig
 from . import fakes
 
 FAKES = Path(fakes.__file__)
-URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
-SPEC = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
+# a kernel the Triton forward serves (hd128's default is the warp-specialized Gluon kernel, which
+# the interpreter cannot run and the search space leaves out: space.TARGET_SPACES)
+URI = "attn_fwd_fp16_hd96_gqa1_causal_sm90"
+SPEC = KernelSpec("fwd", "fp16", "sm90", 96, 96, 1, "causal")
 BUCKET = "q16_k16_bh4"
 DEFAULT = space.default_fwd_config(SPEC, "cuda", 16)  # what the tuner measures first
 # A small space around the default: tiles searched, every other field at the default's value.
-TILES = {"block_m": (64, 128), "block_n": (32, 64, 128), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
+TILES = {"block_m": (64, 128), "block_n": (32, 64, 128, 256), "num_warps": (4, 8), "num_stages": (2, 3, 4)}
 SMALL = {f.name: tuple(sorted(set(TILES.get(f.name, ())) | {getattr(DEFAULT, f.name)}))
          for f in dataclasses.fields(FwdConfig)}
 ALL = [FwdConfig(**dict(zip(SMALL, v))) for v in itertools.product(*SMALL.values())]
@@ -44,7 +46,7 @@ GRID_BEST = min(RUNS, key=lambda c: fakes.fake_ms(dataclasses.asdict(c)))
 
 
 def tune_argv(storage, *extra, trials=6):
-    return ["tune", "--device", "h100", "--spec", str(REPO_ROOT / "specs" / "llama.yaml"),
+    return ["tune", "--device", "h100", "--spec", str(REPO_ROOT / "specs" / "phi3.yaml"),
             "--kernels", URI, "--shapes", BUCKET, "--trials", str(trials), "--storage", str(storage),
             "--timer", f"{FAKES}:timer", "--probe", f"{FAKES}:h200", *extra]
 
