@@ -53,7 +53,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
             return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1, descs,
                            maxnreg=cfg.maxnreg or WS_MAXNREG)]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
-        cfg = triton_fallback(cfg)
+        cfg = triton_fallback(cfg, spec)
         blocks = triton.cdiv(rows, cfg.block_m)
         values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0

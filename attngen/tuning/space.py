@@ -126,12 +126,16 @@ def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     return None
 
 
-def triton_fallback(cfg: FwdConfig) -> FwdConfig:
+def triton_fallback(cfg: FwdConfig, spec: KernelSpec | None = None) -> FwdConfig:
     """The Triton kernels' config that serves a call the warp-specialized forward cannot take (rows
-    not 16-byte aligned for the copy engine, a host-bound shape): the sm90 default's tiles."""
+    not 16-byte aligned for the copy engine, a host-bound shape, a CPU tensor): the Triton
+    kernels' sm90 default for `spec`'s head dim (hd128's without a spec), pointer loads when
+    `cfg` turned the copy engine off."""
     if not cfg.consumers:
         return cfg
-    return FwdConfig(64, 64, 4, 3, tma=cfg.tma, q_regs=cfg.tma)
+    d = max(spec.head_dim_qk, spec.head_dim_v) if spec is not None else 128
+    base = _sm90_fwd_default(d, spec.varlen if spec is not None else False)
+    return base if cfg.tma else dataclasses.replace(base, tma=False, q_regs=False)
 
 
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
@@ -293,8 +297,9 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     if device_kind == "cpu":
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
-        if check_ws(spec, WS_DEFAULT) is None:
-            return WS_DEFAULT
+        ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
+        if check_fwd(spec, ws) is None:
+            return ws
         return _sm90_fwd_default(d, spec.varlen)
     if d <= 64:
         return FwdConfig(128, 64, 8, 4)
@@ -315,6 +320,9 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
 # full 593 vs 538 (cuDNN 663), causal S4096 529 vs 445 (516), causal S16384 617 vs 512 (545), GQA
 # 32/8 S8192 571 vs 475 (550), causal hd64 400 vs 387 (434); 64-key blocks with 3-4 stages 478-555.
 WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)
+# hd256: 64-key blocks (two 128-key stages do not fit beside Q), Q in shared memory: causal B2 H16
+# S4096 603 TFLOP/s vs 313-465 for the Triton kernels and 601 for cuDNN (h200_ab_ws_2026-12-01.json)
+WS_DEFAULT_WIDE = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
 
 
 def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:

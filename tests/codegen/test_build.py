@@ -443,7 +443,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     out, lse = torch.empty_like(q), torch.empty(1, 4, 33)
     args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
     (launch,) = fwd_launches(loader.load(dense), dense, q, k, v, out, lse, args, WS_DEFAULT)
-    fb = triton_fallback(WS_DEFAULT)
+    fb = triton_fallback(WS_DEFAULT, dense)
     assert launch.fn.__name__ == "_attn_fwd_tma", launch.fn
     assert (launch.values["BLOCK_M"], launch.values["BLOCK_N"], launch.num_warps) == (fb.block_m, fb.block_n, 4)
     assert launch.values["num_m_blocks"] == 1

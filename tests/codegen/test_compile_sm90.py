@@ -42,19 +42,21 @@ def test_operands_in_registers_leave_shared_memory(fam, config, kernel):
     assert on["registers"] > off["registers"] and on["spill_stores"] == 0, (on, off)
 
 
-@pytest.mark.parametrize("hd, mask", [(128, "causal"), (64, "sliding_window")])
+@pytest.mark.parametrize("hd, mask", [(128, "causal"), (64, "sliding_window"), (256, "causal")])
 def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     """The Gluon forward (FwdConfig.consumers) waits with one wgmma group still in flight (P.V of
     the previous key block runs during the softmax), which the Triton TMA kernel never does; it
     compiles without spills under its 168-register cap, with the shared memory the model
-    predicts (Q for 128 rows, two 128-key K / V stages)."""
+    predicts (Q for 128 rows, two K / V stages of 128 keys, 64 at hd256)."""
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_DEFAULT, WS_MAXNREG, fwd_smem_bytes
+    from attngen.tuning.space import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG, fwd_smem_bytes
 
-    (ws,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", "128,128,4,2", "--also", "consumers=2")
+    cfg = WS_DEFAULT if hd <= 128 else WS_DEFAULT_WIDE
+    tiles = f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
+    (ws,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", tiles, "--also", "consumers=2")
     (tma,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", "64,64,4,3")
     assert ws["kernel"] == "_attn_fwd_ws" and tma["kernel"] == "_attn_fwd_tma", (ws, tma)
     assert 1 in ws["wait_groups"] and tma["wait_groups"] == [0], (ws, tma)
     assert ws["spill_stores"] == 0 and ws["registers"] <= WS_MAXNREG, ws
-    want = fwd_smem_bytes(KernelSpec("fwd", "bf16", "sm90", hd, hd, 1, mask), WS_DEFAULT)
+    want = fwd_smem_bytes(KernelSpec("fwd", "bf16", "sm90", hd, hd, 1, mask), cfg)
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)

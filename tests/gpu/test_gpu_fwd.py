@@ -133,7 +133,7 @@ def test_tma_knobs_forward_matches_float64_reference(c: Shape, knobs: dict, gpu_
     mask, wl, wr = mask_kind(c.causal, c.window)
     spec = KernelSpec("fwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
                       softcap=c.softcap > 0)
-    cfg = dataclasses.replace(triton_fallback(default_fwd_config(spec, "cuda", c.Sq)), tma=True,
+    cfg = dataclasses.replace(triton_fallback(default_fwd_config(spec, "cuda", c.Sq), spec), tma=True,
                               warp_specialize=False, **knobs)
     if knobs.get("consumers") and check_fwd(spec, cfg):
         pytest.skip(f"{c.id}: {check_fwd(spec, cfg)}")

@@ -75,7 +75,7 @@ def test_sm90_defaults_hold_q_in_registers_where_it_won():
     128 but hd80), not for packed documents, hd80, hd192 or hd256 (h200_ab_fwd_qregs*_2026-12-01.json)."""
     want = {64: True, 80: False, 96: True, 128: True, 192: False, 256: False}
     for d, regs in want.items():
-        dflt = space.triton_fallback(space.default_fwd_config(spec(d=d), "cuda", 4096))
+        dflt = space.triton_fallback(space.default_fwd_config(spec(d=d), "cuda", 4096), spec(d=d))
         assert dflt.q_regs is regs, d
         docs = KernelSpec("fwd", "bf16", "sm90", d, d, 4, "causal", varlen=True)
         assert space.default_fwd_config(docs, "cuda", 4096).q_regs is False, d
@@ -102,7 +102,7 @@ def test_defaults_are_valid_and_inside_the_space(family, d):
             # the warp-specialized Gluon forward: the tuner's yardstick, measured first but left
             # out of the search space (its valid corner is a handful of fixed-geometry configs);
             # what it falls back to is inside
-            cfg = space.triton_fallback(cfg)
+            cfg = space.triton_fallback(cfg, s)
         assert all(v in sp[k] for k, v in dataclasses.asdict(cfg).items()), f"{cfg} outside {sp}"
 
 
@@ -159,17 +159,21 @@ def test_config_from_dict_names_bad_fields():
 
 
 def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
-    """Dense sm90 calls of head dim 64 / 128 without softcapping take the Gluon kernel
-    (FwdConfig.consumers); packed documents, softcapping, other head dims and sm80 do not."""
-    for d in (64, 128):
+    """Dense sm90 calls of head dim 64 / 128 / 256 without softcapping take the Gluon kernel
+    (FwdConfig.consumers; hd256 on 64-key blocks: 128-key ones do not fit); packed documents,
+    softcapping, other head dims and sm80 do not."""
+    for d in (64, 128, 256):
+        want = space.WS_DEFAULT if d <= 128 else space.WS_DEFAULT_WIDE
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("fwd", "bf16", "sm90", d, d, 4, mask)
-            assert space.default_fwd_config(s, "cuda", 4096) == space.WS_DEFAULT, (d, mask)
-            assert space.check_fwd(s, space.WS_DEFAULT) is None
+            assert space.default_fwd_config(s, "cuda", 4096) == want, (d, mask)
+            assert space.check_fwd(s, want) is None
+    assert space.check_fwd(KernelSpec("fwd", "bf16", "sm90", 256, 256, 1, "causal"),
+                           space.WS_DEFAULT).startswith("needs ~")
     others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True),
               KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal"),
-              KernelSpec("fwd", "bf16", "sm90", 256, 256, 1, "causal"),
+              KernelSpec("fwd", "bf16", "sm90", 192, 192, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm80", 128, 128, 1, "causal")]
     for s in others:
         assert space.default_fwd_config(s, "cuda", 4096).consumers == 0, s
