@@ -138,7 +138,7 @@ def ws_forward(spec: KernelSpec) -> bool:
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
 
 
-WS_HEAD_DIMS = (64, 128, 256)
+WS_HEAD_DIMS = (64, 128, 192, 256)
 
 
 # How the sm90 TMA kernels keep packed documents apart (a tile that runs past its document's end

@@ -47,7 +47,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
               and (q.device.type == "cuda" if gluon is None else gluon))
     if use_ws and not packed and rows and bh:
-        descs = tma_descriptors(*_ws_views(cfg, q, k, v, out))
+        descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out))
         if descs is not None:
             values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS)
             return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1, descs,
@@ -70,14 +70,19 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
 
 
-def _ws_views(cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
-    """The warp-specialized kernel's descriptors (views, block shapes, shared-memory layouts): Q
-    and O in tiles of one consumer's rows, K and V in key blocks."""
+def _ws_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
+    """The warp-specialized kernel's descriptors (views, block shapes, "gluon": its shared-memory
+    layouts follow), one per tensor and head-dim column tile as for the TMA kernel: Q and O in
+    tiles of one consumer's rows, K and V in key blocks."""
     rows = cfg.block_m // cfg.consumers
-    views = {"desc_q": ("Q", q), "desc_k": ("K", k), "desc_v": ("V", v), "desc_o": ("Out", out)}
-    blocks = {"desc_q": [1, 1, rows, q.shape[3]], "desc_k": [1, 1, cfg.block_n, k.shape[3]],
-              "desc_v": [1, 1, cfg.block_n, v.shape[3]], "desc_o": [1, 1, rows, out.shape[3]]}
-    return views, {n: (b, "gluon") for n, b in blocks.items()}
+    views, blocks = {}, {}
+    for tiles, group in ((mod.QK_TILES, (("q", "Q", q, rows), ("k", "K", k, cfg.block_n))),
+                         (mod.V_TILES, (("v", "V", v, cfg.block_n), ("o", "Out", out, rows)))):
+        for short, name, tensor, n in group:
+            for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
+                views[param] = (name, tensor)
+                blocks[param] = ([1, 1, n, width], "gluon")
+    return views, blocks
 
 
 def _tma_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:

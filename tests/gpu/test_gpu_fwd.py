@@ -34,6 +34,8 @@ CASES = [
     Shape(FP16, 1, 4, 1, 8192, 8192, 64, causal=True),
     Shape(FP16, 1, 4, 4, 8192, 8192, 256, causal=True),
     Shape(BF16, 1, 16, 4, 4096, 4096, 80, causal=True),
+    Shape(BF16, 1, 8, 2, 4096, 4096, 192, causal=True),
+    Shape(FP16, 1, 4, 4, 1023, 2048, 192),
     # Sq != Sk (bottom-right diagonal; Sq > Sk with causal leaves rows that see no key)
     Shape(BF16, 1, 8, 2, 1023, 8192, 128, causal=True),
     Shape(FP16, 1, 8, 8, 8192, 1023, 80),

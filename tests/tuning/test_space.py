@@ -159,10 +159,10 @@ def test_config_from_dict_names_bad_fields():
 
 
 def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
-    """Dense sm90 calls of head dim 64 / 128 / 256 without softcapping take the Gluon kernel
-    (FwdConfig.consumers; hd256 on 64-key blocks: 128-key ones do not fit); packed documents,
-    softcapping, other head dims and sm80 do not."""
-    for d in (64, 128, 256):
+    """Dense sm90 calls of head dim 64 / 128 / 192 / 256 without softcapping take the Gluon kernel
+    (FwdConfig.consumers; hd192 / hd256 on 64-key blocks: 128-key ones do not fit); packed
+    documents, softcapping, other head dims and sm80 do not."""
+    for d in (64, 128, 192, 256):
         want = space.WS_DEFAULT if d <= 128 else space.WS_DEFAULT_WIDE
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("fwd", "bf16", "sm90", d, d, 4, mask)
@@ -173,7 +173,7 @@ def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
     others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True),
               KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal"),
-              KernelSpec("fwd", "bf16", "sm90", 192, 192, 1, "causal"),
+              KernelSpec("fwd", "bf16", "sm90", 80, 80, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm80", 128, 128, 1, "causal")]
     for s in others:
         assert space.default_fwd_config(s, "cuda", 4096).consumers == 0, s
