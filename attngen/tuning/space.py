@@ -320,8 +320,10 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
 # full 593 vs 538 (cuDNN 663), causal S4096 529 vs 445 (516), causal S16384 617 vs 512 (545), GQA
 # 32/8 S8192 571 vs 475 (550), causal hd64 400 vs 387 (434); 64-key blocks with 3-4 stages 478-555.
 WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)
-# hd256: 64-key blocks (two 128-key stages do not fit beside Q), Q in shared memory: causal B2 H16
-# S4096 603 TFLOP/s vs 313-465 for the Triton kernels and 601 for cuDNN (h200_ab_ws_2026-12-01.json)
+# hd192 / hd256: 64-key blocks (two 128-key stages do not fit beside Q), Q in shared memory. Causal
+# hd256 B2 H16 S4096: 603 TFLOP/s vs 313-465 for the Triton kernels, cuDNN 601
+# (h200_ab_ws_2026-12-01.json); causal hd192 B4 H16 S4096: 572 (573 with 3 stages) vs 471, cuDNN
+# 618 (h200_ab_ws192_2026-12-01.json)
 WS_DEFAULT_WIDE = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
 
 
