@@ -65,6 +65,33 @@ def _scores(s, rows, cols, block, mask_from, seqlen_k, diag_offset, s_layout: gl
 
 
 @gluon.jit
+def _softmax_first(s, qk_scale):
+    """(m, l, P) of the first key block: running max (log2 domain), row sum, probabilities."""
+    m_i = gl.max(s, axis=1) * qk_scale
+    m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
+    p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    return m_i, gl.sum(p_f, axis=1), p_f
+
+
+@gluon.jit
+def _softmax_next(s, m_i, l_i, qk_scale):
+    """(m, l, alpha, P) after one more key block; alpha rescales the accumulator."""
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)
+    p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
+    return m_new, l_i * alpha + gl.sum(p_f, axis=1), alpha, p_f
+
+
+@gluon.jit
+def _finish(acc, m_i, l_i, row_o: gl.constexpr):
+    """O normalised (rows with no key: 0) and the natural-log LSE (-inf there)."""
+    l_o = gl.convert_layout(l_i, row_o)
+    acc = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
+    return acc, gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
+
+
+@gluon.jit
 def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads, seqlen_q, seqlen_k,
                    num_m_blocks, qk_scale, diag_offset,
                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
@@ -131,10 +158,7 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
         s_tok = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         s = _scores(s, rows, offs_n, 0, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_i = gl.max(s, axis=1) * qk_scale
-        m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
-        p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        l_i = gl.sum(p_f, axis=1)
+        m_i, l_i, p_f = _softmax_first(s, qk_scale)
         p = gl.convert_layout(p_f.to(dtype), p_op)
 
     for j in range(1, n_blocks):
@@ -148,12 +172,7 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
         acc_tok = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
         s = _scores(s, rows, j * BLOCK_N + offs_n, j, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p_f, axis=1)
-        m_i = m_new
+        m_i, l_i, alpha, p_f = _softmax_next(s, m_i, l_i, qk_scale)
         acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
         # both wgmmas that read the previous block's buffers are done: refill them
         nxt = j - 1 + NUM_STAGES
@@ -172,10 +191,7 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
         mbarrier.invalidate(k_bars.index(i))
         mbarrier.invalidate(v_bars.index(i))
 
-    # rows with no key: O = 0, lse = -inf
-    l_o = gl.convert_layout(l_i, row_o)
-    acc = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
+    acc, lse = _finish(acc, m_i, l_i, row_o)
     gl.store(Lse + off_zh.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
     q_smem.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
     fence_async_shared()
@@ -255,10 +271,7 @@ def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
         s = warpgroup_mma_wait(0, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(0), count=1)
         s = _scores(s, rows, offs_n, 0, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_i = gl.max(s, axis=1) * qk_scale
-        m_use = gl.where(m_i == float("-inf"), 0.0, m_i)
-        p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        l_i = gl.sum(p_f, axis=1)
+        m_i, l_i, p_f = _softmax_first(s, qk_scale)
         p = gl.convert_layout(p_f.to(dtype), p_op)
     for j in range(1, n_own):
         stage = j % NUM_STAGES
@@ -271,12 +284,7 @@ def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
         s = warpgroup_mma_wait(1, deps=(s_tok, ))
         mbarrier.arrive(k_empty.index(stage), count=1)
         s = _scores(s, rows, j * BLOCK_N + offs_n, j, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p_f = gl.exp2(s * qk_scale - gl.expand_dims(m_use, 1))
-        l_i = l_i * alpha + gl.sum(p_f, axis=1)
-        m_i = m_new
+        m_i, l_i, alpha, p_f = _softmax_next(s, m_i, l_i, qk_scale)
         acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
         mbarrier.arrive(v_empty.index(prev), count=1)
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
@@ -295,9 +303,7 @@ def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
         mbarrier.wait(v_ready.index(stage), (j // NUM_STAGES) & 1)
         mbarrier.arrive(v_empty.index(stage), count=1)
 
-    l_o = gl.convert_layout(l_i, row_o)
-    acc = acc / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)
-    lse = gl.where(l_i == 0.0, float("-inf"), (m_i + gl.log2(l_i)) * 0.6931471805599453)
+    acc, lse = _finish(acc, m_i, l_i, row_o)
     gl.store(Lse + off_zh.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
     qs.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
     fence_async_shared()
