@@ -65,6 +65,18 @@ def _scores(s, rows, cols, block, mask_from, seqlen_k, diag_offset, s_layout: gl
 
 
 @gluon.jit
+def _init_state(m0, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, dtype: gl.constexpr,
+                s_layout: gl.constexpr, o_layout: gl.constexpr, p_op: gl.constexpr):
+    """Row / key indices and the empty online-softmax state of a tile starting at query row m0."""
+    rows = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+    return (rows, offs_n, m_i, l_i, gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout),
+            gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout), gl.zeros([BLOCK_M, BLOCK_N], dtype, p_op))
+
+
+@gluon.jit
 def _softmax_first(s, qk_scale):
     """(m, l, P) of the first key block: running max (log2 domain), row sum, probabilities."""
     m_i = gl.max(s, axis=1) * qk_scale
@@ -112,8 +124,6 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
                                                        instr_shape=[16, HEAD_DIM, 16])
     q_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q_smem = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
@@ -141,13 +151,8 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
     for i in gl.static_range(NUM_STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, k_bars, v_bars, kv_row, i, i, i < n_blocks, BLOCK_N)
 
-    rows = start_m + gl.arange(0, BLOCK_M, layout=row_s)
-    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_op)
+    rows, offs_n, m_i, l_i, acc, s_zero, p = _init_state(start_m, BLOCK_M, BLOCK_N, HEAD_DIM, dtype, s_layout,
+                                                         o_layout, p_op)
 
     mbarrier.wait(q_bar, 0)
     q = q_smem.reshape([BLOCK_M, HEAD_DIM]).load(q_op)
@@ -236,8 +241,6 @@ def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
                                                        instr_shape=[16, HEAD_DIM, 16])
     q_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    col_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     m0 = start_m + WG * BLOCK_M
@@ -254,13 +257,8 @@ def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
     mbarrier.expect(qb, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [off_zh, m0, 0], qb, qs)
 
-    rows = m0 + gl.arange(0, BLOCK_M, layout=row_s)
-    offs_n = gl.arange(0, BLOCK_N, layout=col_s)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_s)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, row_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_op)
+    rows, offs_n, m_i, l_i, acc, s_zero, p = _init_state(m0, BLOCK_M, BLOCK_N, HEAD_DIM, dtype, s_layout,
+                                                         o_layout, p_op)
     mbarrier.wait(qb, 0)
     q = qs.reshape([BLOCK_M, HEAD_DIM]).load(q_op)
 
