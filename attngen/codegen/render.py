@@ -131,9 +131,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
 
 def ws_forward(spec: KernelSpec) -> bool:
     """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja,
-    FwdConfig.consumers): sm90 family, dense calls, no softcapping, one head-dim tile of 64, 128 or
-    256 columns for Q, K and V (other head dims split or pad their tiles; packed documents and
-    softcapping keep the Triton kernels)."""
+    FwdConfig.consumers): sm90 family, dense calls, no softcapping, the same head dim for Q, K and
+    V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64; packed documents, softcapping
+    and the other head dims keep the Triton kernels)."""
     return (spec.family == "fwd" and spec.target == "sm90" and not spec.varlen and not spec.softcap
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
 

@@ -38,8 +38,8 @@ class FwdConfig:
     # ptxas's register cap per thread (0: the compiler's choice): under 168 registers three 4-warp
     # programs fit on an SM (65536 registers, allocated per warp in steps of 256)
     maxnreg: int = 0
-    # sm90 family, dense calls of one 64- or 128-column head-dim tile without softcapping (the
-    # module's WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
+    # sm90 family, dense calls of head dim 64, 128, 192 or 256 without softcapping (the module's
+    # WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
     # num_stages K / V buffers through TMA and `consumers` warp groups (num_warps = 4 each) of
     # block_m // consumers query rows compute from it; maxnreg: the kernel's register cap (0: 168,
     # the consumers then take 232 each). 0: the Triton kernels
@@ -108,11 +108,11 @@ WS_CONSUMER_REGS = 232  # what each consumer warp group takes back from the prod
 
 def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     """The warp-specialized Gluon forward's own constraints (cfg.consumers > 0)."""
-    from attngen.codegen.render import ws_forward
+    from attngen.codegen.render import WS_HEAD_DIMS, ws_forward
 
     if not ws_forward(spec):
         return ("consumers (the warp-specialized Gluon forward) exists for dense sm90 calls of head "
-                "dim 64 or 128 without softcapping only")
+                f"dim {', '.join(map(str, WS_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
     if cfg.consumers != 2:
         return "consumers is 0 (the Triton kernels) or 2 (two consumer warp groups)"
     if not cfg.tma:
