@@ -37,10 +37,30 @@ def template_name(spec: KernelSpec) -> str:
 
 
 def template_hash(spec: KernelSpec, root: Path | None = None) -> str:
-    """Hash of the family template and every shared partial ("_*.jinja") it may include."""
+    """Hash of the family template and every shared partial it imports, directly or through
+    another partial (so a partial only the forward uses leaves the backward's hash, and its tuned
+    winners, alone)."""
     root = root or env.templates_dir()
-    names = [template_name(spec), *sorted(p.name for p in root.glob("_*.jinja"))]
+    family = template_name(spec)
+    names = [family, *sorted(set(_imported(family, Path(root))) - {family})]
     return sha256("\n".join(f"{n}\n{(root / n).read_text()}" for n in names))[:16]
+
+
+def _imported(name: str, root: Path, seen: set | None = None) -> set:
+    """`name` and the templates it imports or includes, transitively (Jinja's own parser)."""
+    from jinja2 import meta
+
+    seen = set() if seen is None else seen
+    if name in seen:
+        return seen
+    seen.add(name)
+    source = (root / name).read_text()
+    for dep in meta.find_referenced_templates(_environment(str(root)).parse(source)):
+        if dep is None:
+            raise CodegenError(f"templates/{name}: imports a template whose name is computed; "
+                               "the template hash needs literal names")
+        _imported(dep, root, seen)
+    return seen
 
 
 def next_pow2(n: int) -> int:

@@ -165,6 +165,21 @@ def test_template_change_changes_template_hash(tmp_path):
     assert module_filename(ks.uri, original) != module_filename(ks.uri, changed)
 
 
+def test_template_hash_covers_the_partials_a_family_imports_only(tmp_path):
+    """A partial counts for the families that import it (directly or through another partial):
+    the forward-only main-loop partial moves the forward's hash and leaves the backward's (and
+    its tuned winners) alone; _mask, which _softmax imports too, moves both."""
+    root = tmp_path / "templates"
+    shutil.copytree(REPO_ROOT / "templates", root)
+    fwd, bwd = spec(), spec().replace(family="bwd")
+    before = {s.family: template_hash(s, root) for s in (fwd, bwd)}
+    ws = root / "_mainloop_ws.py.jinja"
+    ws.write_text(ws.read_text() + "{# changed #}\n")
+    assert template_hash(fwd, root) != before["fwd"] and template_hash(bwd, root) == before["bwd"]
+    (root / "_mask.py.jinja").write_text((root / "_mask.py.jinja").read_text() + "{# changed #}\n")
+    assert template_hash(bwd, root) != before["bwd"]
+
+
 def test_file_name_is_uri_plus_content_hash():
     p = plan([SPECS_DIR])
     assert p.files
