@@ -14,6 +14,9 @@ it are known complete.
     python3 benchmarks/gluon_fwd.py --out results.json                    # GPU: check + time beside cuDNN
 
 Dense calls only (bhsd, no window, no softcap): a probe of the main loop, not a kernel family.
+A config M,N,0,S runs the warp-specialized design as the build generates it (the probe's first
+version of it became templates/_mainloop_ws.py.jinja, FwdConfig.consumers), beside this file's
+single-partition kernel.
 """
 
 from __future__ import annotations
@@ -205,177 +208,26 @@ def attn_fwd_gluon(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads,
 
 
 
-# ---- warp-specialized: one producer warp fills a K / V ring shared by two consumer warp groups,
-# each consumer owns 64 query rows of the program's 128 (FlashAttention-3's layout of the forward).
-
-
-@gluon.jit
-def _ws_producer(a, CAUSAL: gl.constexpr):
-    (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, Lse,
-     start_m, off_zh, kv_row, n_total, seqlen_q, seqlen_k, qk_scale, diag_offset) = a
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
-    for j in range(n_total):
-        stage = j % NUM_STAGES
-        phase = (j // NUM_STAGES) & 1
-        mbarrier.wait(k_empty.index(stage), phase ^ 1)
-        mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [kv_row, j * BLOCK_N, 0], k_ready.index(stage), k_smem.index(stage))
-        mbarrier.wait(v_empty.index(stage), phase ^ 1)
-        mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [kv_row, j * BLOCK_N, 0], v_ready.index(stage), v_smem.index(stage))
-
-
-@gluon.jit
-def _ws_consume(a, WG: gl.constexpr, CAUSAL: gl.constexpr):
-    (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, Lse,
-     start_m, off_zh, kv_row, n_total, seqlen_q, seqlen_k, qk_scale, diag_offset) = a
-    BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-    NUM_STAGES: gl.constexpr = k_smem.type.shape[0]
-    HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-    BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-    dtype: gl.constexpr = q_desc.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    q_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
-    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-
-    m0 = start_m + WG * BLOCK_M
-    if CAUSAL:
-        hi = gl.minimum(seqlen_k, m0 + BLOCK_M + diag_offset)
-        mask_from = gl.maximum(m0 + diag_offset, 0) // BLOCK_N
-    else:
-        hi = seqlen_k
-        mask_from = seqlen_k // BLOCK_N
-    n_own = gl.cdiv(gl.maximum(hi, 0), BLOCK_N)
-
-    qs = q_smem.index(WG)
-    qb = q_bars.index(WG)
-    mbarrier.expect(qb, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [off_zh, m0, 0], qb, qs)
-
-    rows, offs_n, m_i, l_i, acc, s_zero, p = _init_state(m0, BLOCK_M, BLOCK_N, HEAD_DIM, dtype, s_layout,
-                                                         o_layout, p_op)
-    mbarrier.wait(qb, 0)
-    q = qs.reshape([BLOCK_M, HEAD_DIM]).load(q_op)
-
-    if n_own > 0:
-        mbarrier.wait(k_ready.index(0), 0)
-        k_t = k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s_tok = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(0), count=1)
-        s = _scores(s, rows, offs_n, 0, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_i, l_i, p_f = _softmax_first(s, qk_scale)
-        p = gl.convert_layout(p_f.to(dtype), p_op)
-    for j in range(1, n_own):
-        stage = j % NUM_STAGES
-        mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
-        k_t = k_smem.index(stage).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0))
-        s_tok = warpgroup_mma(q, k_t, s_zero, use_acc=False, is_async=True)
-        prev = (j - 1) % NUM_STAGES
-        mbarrier.wait(v_ready.index(prev), ((j - 1) // NUM_STAGES) & 1)
-        acc_tok = warpgroup_mma(p, v_smem.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s_tok, ))
-        mbarrier.arrive(k_empty.index(stage), count=1)
-        s = _scores(s, rows, j * BLOCK_N + offs_n, j, mask_from, seqlen_k, diag_offset, s_layout, CAUSAL)
-        m_i, l_i, alpha, p_f = _softmax_next(s, m_i, l_i, qk_scale)
-        acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
-        mbarrier.arrive(v_empty.index(prev), count=1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, row_o), 1)
-        p = gl.convert_layout(p_f.to(dtype), p_op)
-    if n_own > 0:
-        last = (n_own - 1) % NUM_STAGES
-        mbarrier.wait(v_ready.index(last), ((n_own - 1) // NUM_STAGES) & 1)
-        acc_tok = warpgroup_mma(p, v_smem.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc, p = warpgroup_mma_wait(0, deps=(acc_tok, p))
-        mbarrier.arrive(v_empty.index(last), count=1)
-    # blocks only the other consumer needs: release them in order
-    for j in range(gl.maximum(n_own, 0), n_total):
-        stage = j % NUM_STAGES
-        mbarrier.wait(k_ready.index(stage), (j // NUM_STAGES) & 1)
-        mbarrier.arrive(k_empty.index(stage), count=1)
-        mbarrier.wait(v_ready.index(stage), (j // NUM_STAGES) & 1)
-        mbarrier.arrive(v_empty.index(stage), count=1)
-
-    acc, lse = _finish(acc, m_i, l_i, row_o)
-    gl.store(Lse + off_zh.to(gl.int64) * seqlen_q + rows, lse, mask=rows < seqlen_q)
-    qs.reshape([BLOCK_M, HEAD_DIM]).store(acc.to(dtype))
-    fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [off_zh, m0, 0], qs)
-    tma.store_wait(pendings=0)
-
-
-@gluon.jit
-def _ws_consumer0(a, CAUSAL: gl.constexpr):
-    _ws_consume(a, 0, CAUSAL)
-
-
-@gluon.jit
-def _ws_consumer1(a, CAUSAL: gl.constexpr):
-    _ws_consume(a, 1, CAUSAL)
-
-
-@gluon.jit
-def attn_fwd_gluon_ws(q_desc, k_desc, v_desc, o_desc, Lse, num_heads, num_kv_heads, seqlen_q, seqlen_k,
-                      num_m_blocks, qk_scale, diag_offset,
-                      BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr):
-    dtype: gl.constexpr = q_desc.dtype
-    BLOCK_M: gl.constexpr = 2 * q_desc.block_type.shape[1]
-    pid = gl.program_id(0)
-    off_zh = gl.program_id(1)
-    if CAUSAL:
-        pid = num_m_blocks - 1 - pid
-    start_m = pid * BLOCK_M
-    off_z = off_zh // num_heads
-    off_h = off_zh % num_heads
-    kv_row = off_z * num_kv_heads + off_h // (num_heads // num_kv_heads)
-    if CAUSAL:
-        n_total = gl.cdiv(gl.maximum(gl.minimum(seqlen_k, start_m + BLOCK_M + diag_offset), 0), BLOCK_N)
-    else:
-        n_total = gl.cdiv(seqlen_k, BLOCK_N)
-
-    q_smem = gl.allocate_shared_memory(dtype, [2] + q_desc.block_type.shape, q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + k_desc.block_type.shape, k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [NUM_STAGES] + v_desc.block_type.shape, v_desc.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    k_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    v_empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(k_empty.index(i), count=2)
-        mbarrier.init(v_empty.index(i), count=2)
-
-    a = (q_desc, k_desc, v_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, k_empty, v_empty, Lse,
-         start_m, off_zh, kv_row, n_total, seqlen_q, seqlen_k, qk_scale, diag_offset)
-    gl.warp_specialize([(_ws_consumer0, (a, CAUSAL)), (_ws_consumer1, (a, CAUSAL)), (_ws_producer, (a, CAUSAL))],
-                       [4, 1], [CONSUMER_REGS, 24])
-
-
 def attention_ws(q, k, v, causal, cfg, out=None, lse=None):
+    """The warp-specialized design as the build generates it (templates/_mainloop_ws.py.jinja,
+    FwdConfig.consumers=2): M,N,0,S runs it with N-key blocks and S stages."""
+    from attngen.kernels.common import MaskArgs
+    from attngen.kernels.fwd import attn_fwd
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import FwdConfig
+
     _, block_n, _, stages = cfg
     B, H, S, D = q.shape
-    Sk = k.shape[2]
     out = torch.empty_like(q) if out is None else out
     lse = torch.empty(B, H, S, device=q.device, dtype=torch.float32) if lse is None else lse
-    qd, kd, vd, od = descriptors(q, k, v, out, 64, block_n)
-    nm = triton.cdiv(S, 128)
-    attn_fwd_gluon_ws[(nm, B * H)](qd, kd, vd, od, lse, H, k.shape[1], S, Sk, nm,
-                                   1.4426950408889634 / math.sqrt(D), Sk - S, block_n, stages, causal, WS_REGS,
-                                   num_warps=4, maxnreg=WS_MAXNREG)
+    spec = KernelSpec("fwd", "bf16" if q.dtype == torch.bfloat16 else "fp16", "sm90", D, D, H // k.shape[1],
+                      "causal" if causal else "none")
+    margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=-1, window_right=0 if causal else -1,
+                     align_top_left=False)
+    attn_fwd(loader.load(spec), spec, q, k, v, out, lse, margs,
+             FwdConfig(128, block_n, 4, stages, tma=True, consumers=2))
     return out, lse
-
-
-WS_REGS, WS_MAXNREG = 232, 168
 
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -424,17 +276,10 @@ def compile_report(cfg, D=128, causal=True):
            "HEAD_DIM": "constexpr", "NUM_STAGES": "constexpr", "CAUSAL": "constexpr", "num_warps": "constexpr"}
     const = {"BLOCK_M": block_m, "BLOCK_N": block_n, "HEAD_DIM": D, "NUM_STAGES": stages, "CAUSAL": causal,
              "num_warps": warps}
-    opts = {"num_warps": warps}
-    fn = attn_fwd_gluon
     if warps == 0:
-        lm = gl.NVMMASharedLayout.get_default_for([1, 64, D], gl.bfloat16)
-        dm = f"tensordesc<bf16[1,64,{D}],{lm!r}>"
-        sig.update(q_desc=dm, o_desc=dm)
-        for name in ("BLOCK_M", "HEAD_DIM", "num_warps"):
-            sig.pop(name), const.pop(name)
-        sig["CONSUMER_REGS"] = "constexpr"
-        const["CONSUMER_REGS"] = WS_REGS
-        fn, opts = attn_fwd_gluon_ws, {"num_warps": 4, "maxnreg": WS_MAXNREG}
+        raise ValueError("M,N,0,S is the generated warp-specialized kernel: compile it with "
+                         "benchmarks/compile_probe.py fwd --config M,N,4,S --also consumers=2")
+    opts, fn = {"num_warps": warps}, attn_fwd_gluon
     src = GluonASTSource(fn, sig, const)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     ptx = ck.asm["ptx"]

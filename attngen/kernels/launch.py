@@ -94,7 +94,8 @@ def ensure_allocator() -> None:
 def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     """{descriptor name: (tensor name, shape, strides, block)} for (B, H, S, D) views, or None when
     a view cannot go through the copy engine (rows not 16-byte aligned, a non-unit head-dim stride,
-    an empty tensor)."""
+    an empty tensor). A block given as (shape, "gluon") is a Gluon kernel's: its entry adds the
+    shared-memory layout the kernel allocates, chosen here once per plan."""
     out = {}
     for name, (src, view) in views.items():
         esize = view.element_size()
@@ -103,7 +104,8 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
             return None
         block = blocks[name]
         if isinstance(block, tuple):  # (block shape, "gluon"): a Gluon kernel's descriptor
-            out[name] = (src, list(view.shape), list(view.stride()), block[0], str(view.dtype))
+            out[name] = (src, list(view.shape), list(view.stride()), block[0],
+                         _gluon_layout(tuple(block[0]), view.dtype))
         else:
             out[name] = (src, list(view.shape), list(view.stride()), block)
     return out
@@ -123,31 +125,28 @@ def tile_names(prefix: str, tiles) -> list[str]:
 
 
 def make_descriptors(descs: dict, tensors: dict) -> dict:
-    """Descriptors around `tensors` (name -> tensor): Triton's for a 4-tuple entry, Gluon's (with
-    the shared-memory layout its kernel allocates) for a 5-tuple (..., dtype name)."""
+    """Descriptors around `tensors` (name -> tensor): Triton's for a 4-tuple entry, Gluon's for a
+    5-tuple (..., shared-memory layout)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     out = {}
-    for name, (src, shape, strides, block, *gluon) in descs.items():
-        if gluon:
-            out[name] = _gluon_descriptor(tensors[src], shape, strides, block, gluon[0])
+    for name, (src, shape, strides, block, *layout) in descs.items():
+        if layout:
+            out[name] = GluonDescriptor(tensors[src], shape, strides, block, layout[0])
         else:
             out[name] = TensorDescriptor(tensors[src], shape, strides, block)
     return out
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_layout(block: tuple, dtype: str):
+def _gluon_layout(block: tuple, dtype):
+    """The NVMMA shared-memory layout a Gluon kernel allocates for a (block, torch dtype) tile."""
+    import torch
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(list(block), {"torch.bfloat16": gl.bfloat16,
-                                                              "torch.float16": gl.float16}[dtype])
-
-
-def _gluon_descriptor(t, shape, strides, block, dtype: str):
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor(t, shape, strides, block, _gluon_layout(tuple(block), dtype))
+    return gl.NVMMASharedLayout.get_default_for(list(block), {torch.bfloat16: gl.bfloat16,
+                                                              torch.float16: gl.float16}[dtype])
 
 
 def programs(blocks: int, batch_heads: int, what: str) -> int:
