@@ -78,6 +78,19 @@ def config_variants(spec):
     return uniq
 
 
+def config_over(base: BwdConfig, text: str) -> BwdConfig:
+    """--config M,N,W,S[,dqM,dqN,dqW,dqS][,field=value...]: `base` with these dK/dV (and dQ) tiles,
+    warps, stages, then other fields by name."""
+    ints = ("block_m", "block_n", "num_warps", "num_stages", "dq_block_m", "dq_block_n", "dq_num_warps",
+            "dq_num_stages")
+    parts = text.split(",")
+    fields = dict(zip(ints, (int(p) for p in parts if "=" not in p)))
+    for item in (p for p in parts if "=" in p):
+        name, val = item.split("=", 1)
+        fields[name] = {"True": True, "False": False}[val] if val in ("True", "False") else int(val)
+    return dataclasses.replace(base, **fields)
+
+
 def kernel_stats(mod, spec, q, k, v, out, dout, lse, margs, cfg) -> dict:
     """Registers and spills of each compiled kernel of `cfg` (one more run of the backward)."""
     delta = torch.empty_like(lse)
@@ -100,8 +113,8 @@ def main():
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a codegen option)")
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--config", action="append", default=[],
-                    help="M,N,W,S[,dqM,dqN,dqW,dqS]: the default config with these dK/dV (and dQ) tiles, "
-                         "warps, stages (repeatable; the default itself is measured first)")
+                    help="M,N,W,S[,dqM,dqN,dqW,dqS][,field=value]: the default config with these dK/dV "
+                         "(and dQ) tiles, warps, stages, fields (repeatable; the default itself is measured first)")
     ap.add_argument("--also", action="append", default=[],
                     help="field=value: every config variant measured again with this BwdConfig field "
                          "set (e.g. split_dkdv=True)")
@@ -142,9 +155,7 @@ def main():
         flops = 2.5 * 4 * B * H * pairs * D
         if args.config:
             d = default_bwd_config(bspec)
-            variants = [({}, d)] + [({}, dataclasses.replace(d, **dict(zip(
-                ("block_m", "block_n", "num_warps", "num_stages", "dq_block_m", "dq_block_n", "dq_num_warps",
-                 "dq_num_stages"), map(int, c.split(",")))))) for c in args.config]
+            variants = [({}, d)] + [({}, config_over(d, c)) for c in args.config]
         elif args.switch:
             variants = [(sw, default_bwd_config(bspec)) for sw in switches]
         elif args.configs:

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
                                 torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
-                                bool(cfg.atomic_dq))[1:]
+                                bool(cfg.atomic_dq), gluon=True)[1:]
     if not args.json:
         print(f"{spec.uri}  {cfg}  {switch or ''}")
     reports = []

@@ -146,6 +146,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "doc_desc": doc_guard == "desc",
         "doc_zero": doc_guard == "zero",
         "ws_fwd": ws_forward(spec),
+        "ws_bwd": ws_backward(spec),
     }
 
 
@@ -159,6 +160,18 @@ def ws_forward(spec: KernelSpec) -> bool:
 
 
 WS_HEAD_DIMS = (64, 128, 192, 256)
+
+
+def ws_backward(spec: KernelSpec) -> bool:
+    """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
+    BwdConfig.consumers): sm90 family, dense calls, no softcapping, the same head dim for Q, K and
+    V, one of WS_BWD_HEAD_DIMS (its dK and dV accumulators live in the consumers' registers: 64
+    keys x the head dim, twice)."""
+    return (spec.family == "bwd" and spec.target == "sm90" and not spec.varlen and not spec.softcap
+            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
+
+
+WS_BWD_HEAD_DIMS = (64, 128)
 
 
 # How the sm90 TMA kernels keep packed documents apart (a tile that runs past its document's end

@@ -11,16 +11,28 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
                                    strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import BwdConfig
+from attngen.tuning.space import WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback
 
 
 def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, delta, dq, dk, dv,
                  mask: MaskArgs, cfg: BwdConfig, atomic: bool, cu_seqlens_q=None, cu_seqlens_k=None,
-                 max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> list[Launch]:
+                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, gluon: bool | None = None) -> list[Launch]:
     """Preprocess (delta = rowsum(dO * O)), dK/dV, and dQ unless `atomic` (then `dq` is the fp32
     accumulator the dK/dV kernel adds into, zeroed by the caller). Shapes as fwd_launches; delta
-    has lse's shape and strides."""
+    has lse's shape and strides. gluon: whether the Gluon dK/dV pass may serve (None: on a GPU
+    only, as in fwd_launches)."""
     packed = cu_seqlens_q is not None
+    wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
+    # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
+    gluon_ok = (getattr(mod, "WS_BWD", False) and cfg.tma and not packed and not atomic and not wide and q.numel() > 0
+                and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
+    ws_descs = dq_ws_descs = None
+    if cfg.consumers and gluon_ok:
+        ws_descs = tma_descriptors(*_ws_views(cfg, q, k, v, dout, dk, dv))
+    if cfg.dq_consumers and gluon_ok:
+        dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq))
+    # a pass the Gluon kernel cannot take: its Triton kernel serves
+    cfg = bwd_triton_fallback(cfg, dkdv=ws_descs is None, dq=dq_ws_descs is None)
     Hq, Hkv = (q.shape[1], k.shape[1])
     if packed:
         docs = cu_seqlens_q.numel() - 1
@@ -33,7 +45,6 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         bq, bk, rows_q, rows_k = B * Hq, B * Hkv, seqlen_q, seqlen_k
         diag = mask.diag_offset(seqlen_q, seqlen_k)
     qk_scale, softcap_in, softcap_out = mask.score_args()
-    wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     pre_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
     common = {
         "Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq, "DK": dk, "DV": dv, "Lse": lse,
@@ -67,11 +78,21 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             per_doc = "Q" in mod._attn_bwd_dkdv_tma.arg_names
             if per_doc:
                 dkdv_descs = dq_descs = None
-            wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
-            launches = [pre] + [
-                Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
-                       cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
-                for dk_, dv_ in wants]
+            if ws_descs is not None:  # the Gluon dK/dV pass (dense calls)
+                launches = [pre, Launch(mod._attn_bwd_dkdv_ws, dkdv_grid,
+                                        {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
+                                        cfg.num_warps, 1, ws_descs, maxnreg=WS_MAXNREG)]
+            else:
+                wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
+                launches = [pre] + [
+                    Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
+                           cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
+                    for dk_, dv_ in wants]
+            if dq_ws_descs is not None:  # the Gluon dQ pass
+                launches.append(Launch(mod._attn_bwd_dq_ws, dq_grid,
+                                       {**dq_values, "STAGES": cfg.dq_num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
+                                       cfg.dq_num_warps, 1, dq_ws_descs, maxnreg=WS_MAXNREG))
+                return launches
             if not atomic:
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
                                        cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
@@ -80,6 +101,32 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     if not atomic:
         launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))
     return launches
+
+
+def _gluon_views(*entries) -> tuple[dict, dict]:
+    """(views, block shapes) of Gluon descriptors: (short name, tensor name, tensor, rows) each,
+    one head-dim tile wide; "gluon": their shared-memory layouts follow (tma_descriptors)."""
+    views, blocks = {}, {}
+    for short, name, tensor, rows in entries:
+        views[f"desc_{short}"] = (name, tensor)
+        blocks[f"desc_{short}"] = ([1, 1, rows, tensor.shape[3]], "gluon")
+    return views, blocks
+
+
+def _ws_views(cfg: BwdConfig, q, k, v, dout, dk, dv) -> tuple[dict, dict]:
+    """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
+    one consumer's keys."""
+    n = cfg.block_n // cfg.consumers
+    return _gluon_views(("q", "Q", q, cfg.block_m), ("do", "DO", dout, cfg.block_m), ("k", "K", k, n),
+                        ("v", "V", v, n), ("dk", "DK", dk, n), ("dv", "DV", dv, n))
+
+
+def _dq_ws_views(cfg: BwdConfig, q, k, v, dout, dq) -> tuple[dict, dict]:
+    """The Gluon dQ pass's descriptors: Q, dO, dQ in one consumer's rows, K and V in ring slots of
+    dq_block_n keys."""
+    m = cfg.dq_block_m // cfg.dq_consumers
+    return _gluon_views(("q", "Q", q, m), ("do", "DO", dout, m), ("dq", "DQ", dq, m),
+                        ("k", "K", k, cfg.dq_block_n), ("v", "V", v, cfg.dq_block_n))
 
 
 def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False,

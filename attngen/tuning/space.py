@@ -72,6 +72,14 @@ class BwdConfig:
     # sm90 TMA dQ pass: its Q and dO tiles held in registers (wgmma's A operand of Q.K^T and dO.V^T
     # from registers) instead of read from shared memory for every key block
     dq_regs: bool = False
+    # sm90 family, dense calls of head dim 64 or 128 without softcapping (the module's WS_BWD): the
+    # dK/dV pass is the Gluon kernel _attn_bwd_dkdv_ws -- one producer warp streams Q / dO blocks
+    # of block_m rows through a ring of num_stages slots, `consumers` warp groups (num_warps = 4
+    # each) own block_n // consumers keys each. 0: the Triton kernel
+    consumers: int = 0
+    # the same for the dQ pass (_attn_bwd_dq_ws): the producer warp streams K / V blocks of
+    # dq_block_n keys, `dq_consumers` warp groups own dq_block_m // dq_consumers query rows each
+    dq_consumers: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -190,6 +198,49 @@ def bwd_smem_bytes(spec: KernelSpec, cfg: BwdConfig) -> tuple[int, int]:
     return dkdv, dq
 
 
+# the backward's consumers (dK/dV: two fp32 accumulators of 64 keys x hd128; dQ: one, with Q and dO
+# in registers): 240 each, the producer 24 -- the register file of 12 warps at WS_MAXNREG
+WS_BWD_CONSUMER_REGS = 240
+
+
+def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
+    """The warp-specialized Gluon passes' own constraints (cfg.consumers, cfg.dq_consumers > 0)."""
+    from attngen.codegen.render import WS_BWD_HEAD_DIMS, ws_backward
+
+    if not ws_backward(spec):
+        return ("consumers / dq_consumers (the warp-specialized Gluon backward) exist for dense sm90 calls "
+                f"of head dim {', '.join(map(str, WS_BWD_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
+    if cfg.consumers not in (0, 2) or cfg.dq_consumers not in (0, 2):
+        return "consumers / dq_consumers are 0 (the Triton kernels) or 2 (two consumer warp groups)"
+    if not cfg.tma or cfg.atomic_dq:
+        return "consumers / dq_consumers need tma and a dQ pass of its own (not atomic_dq)"
+    if cfg.consumers:
+        if cfg.split_dkdv:
+            return "consumers: the Gluon dK/dV pass computes dK and dV in one launch (no split_dkdv)"
+        if cfg.block_n != 64 * cfg.consumers or cfg.num_warps != 4:
+            return "consumers: each consumer is one warp group of 64 keys (block_n = 64 x consumers, num_warps = 4)"
+        if cfg.block_m != 64:
+            return "consumers: block_m (the query rows of one ring slot) is 64"
+    if cfg.dq_consumers:
+        if cfg.dq_block_m != 64 * cfg.dq_consumers or cfg.dq_num_warps != 4:
+            return ("dq_consumers: each consumer is one warp group of 64 query rows "
+                    "(dq_block_m = 64 x dq_consumers, dq_num_warps = 4)")
+        if cfg.dq_block_n != 64 or cfg.dq_regs:
+            return "dq_consumers: dq_block_n is 64 (Q and dO are held in registers already: no dq_regs)"
+    return None
+
+
+def bwd_triton_fallback(cfg: BwdConfig, dkdv: bool = True, dq: bool = True) -> BwdConfig:
+    """The Triton kernels' config for a call the warp-specialized passes cannot take (a CPU
+    tensor, rows the copy engine cannot address): the dK/dV pass (dkdv) with one consumer's keys per
+    program, the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept."""
+    if dkdv and cfg.consumers:
+        cfg = dataclasses.replace(cfg, consumers=0, block_n=cfg.block_n // cfg.consumers)
+    if dq and cfg.dq_consumers:
+        cfg = dataclasses.replace(cfg, dq_consumers=0, dq_block_m=128, dq_num_warps=8)
+    return cfg
+
+
 def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     """None if `cfg` can launch `spec`'s backward kernels, else the reason (the tuner records it)."""
     for part, bm, bn, warps, stages in (
@@ -209,6 +260,10 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
         return "dq_regs exists in the sm90 family's TMA dQ pass only (needs tma, not atomic_dq)"
     if cfg.split_dkdv and not cfg.tma:
         return "split_dkdv exists in the sm90 family's TMA dK/dV kernel only (needs tma)"
+    if cfg.consumers or cfg.dq_consumers:
+        why = check_ws_bwd(spec, cfg)
+        if why:
+            return why
     have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     for part, need in zip(("dK/dV", "dQ"), bwd_smem_bytes(spec, cfg)):
         if need > have:
@@ -361,6 +416,16 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
     return FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True)
 
 
+# The warp-specialized Gluon backward where it exists (dense hd64 / hd128 without softcapping): the
+# dK/dV pass with 128 keys per program over two consumer warp groups, 64-query ring slots; the dQ
+# pass with 128 query rows over two consumers, 64-key blocks, 3 stages. H200, bf16, backward-only
+# TFLOP/s beside the Triton kernels' defaults in one run (benchmarks/bwd_ab.py,
+# h200_ab_ws_bwd2_2026-12-01.json): causal B4 H16 S4096 357 -> 385 (dK/dV only) -> 392 (both),
+# full 412 -> 463 -> 473, GQA 32/8 causal S8192 362 -> 395 -> 431, window 1024 GQA 263 -> 341 ->
+# 386; hd64 causal 328 -> 368 with the Gluon dK/dV pass, 353 with both (its dQ pass stays Triton's)
+WS_BWD_DEFAULT = BwdConfig(64, 128, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2)
+WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2)
+
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 
 
@@ -379,6 +444,10 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
+    if tma:
+        ws = WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
+        if check_bwd(spec, ws) is None:
+            return ws
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
         if spec.mask == "sliding_window" and window is not None and window <= SHORT_WINDOW:
             # 32-query steps in the dK/dV pass waste less on a short window's two masked edges: a

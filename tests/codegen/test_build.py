@@ -462,3 +462,45 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     assert launch.fn.__name__ == "_attn_fwd_tma", launch.fn
     assert (launch.values["BLOCK_M"], launch.values["BLOCK_N"], launch.num_warps) == (fb.block_m, fb.block_n, 4)
     assert launch.values["num_m_blocks"] == 1
+
+
+def test_warp_specialized_backward_is_generated_where_it_exists():
+    """sm90 dense backward kernels of head dim 64 / 128 without softcapping carry the Gluon dK/dV
+    and dQ passes (WS_BWD); packed documents, softcapping, other head dims and sm80 do not import
+    Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
+    does not run Gluon), with the fallback's tiles; asked for Gluon (as the compile probe does),
+    it launches both Gluon passes."""
+    import torch
+
+    from attngen.codegen.render import render
+    from attngen.kernels.bwd import bwd_launches
+    from attngen.kernels.common import MaskArgs
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import WS_BWD_DEFAULT, bwd_triton_fallback
+
+    dense = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    src = render(dense)
+    assert "WS_BWD = True" in src and "\ndef _attn_bwd_dkdv_ws(" in src and "\ndef _attn_bwd_dq_ws(" in src
+    assert src.count("@gluon.jit(do_not_specialize=[\"seqlen_q\", \"seqlen_k\"") == 2
+    for other in (dense.replace(varlen=True), dense.replace(softcap=True), dense.replace(head_dim_qk=96, head_dim_v=96),
+                  dense.replace(head_dim_qk=256, head_dim_v=256), dense.replace(target="sm80")):
+        text = render(other)
+        assert "WS_BWD = False" in text and "gluon" not in text, other
+
+    q, dout = (torch.randn(1, 4, 33, 128, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 1, 33, 128, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 33)
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    mod = loader.load(dense)
+    pre, dkdv, dq = bwd_launches(mod, dense, q, k, v, *bufs, args, WS_BWD_DEFAULT, False)
+    fb = bwd_triton_fallback(WS_BWD_DEFAULT)
+    assert (dkdv.fn.__name__, dq.fn.__name__) == ("_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma")
+    assert (dkdv.values["BLOCK_N"], dq.values["BLOCK_M"], dq.num_warps) == (fb.block_n, fb.dq_block_m, 8)
+    _, dkdv, dq = bwd_launches(mod, dense, q, k, v, *bufs, args, WS_BWD_DEFAULT, False, gluon=True)
+    assert (dkdv.fn.__name__, dq.fn.__name__) == ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")
+    assert dkdv.values["BLOCK_N"] == 128 and dkdv.values["num_n_blocks"] == 1 and dq.values["num_m_blocks"] == 1
+    # atomic dQ (non-deterministic calls asking for it) never reaches the Gluon passes
+    names = [la.fn.__name__ for la in bwd_launches(mod, dense, q, k, v, *bufs, args, WS_BWD_DEFAULT, True, gluon=True)]
+    assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma"], names

@@ -60,3 +60,22 @@ def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     assert ws["spill_stores"] == 0 and ws["registers"] <= WS_MAXNREG, ws
     want = fwd_smem_bytes(KernelSpec("fwd", "bf16", "sm90", hd, hd, 1, mask), cfg)
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
+
+
+@pytest.mark.parametrize("hd, mask, gqa", [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)])
+def test_warp_specialized_backward_compiles_without_spilling(hd, mask, gqa):
+    """The Gluon dK/dV and dQ passes (BwdConfig.consumers / dq_consumers) under the 168-register
+    cap: the dK/dV consumers hold two fp32 accumulators of 64 keys x hd, so the LSE / delta rows
+    go through shared memory (at most a few spilled words); the dQ pass keeps the previous key
+    block's dS.K in flight across the wait for the next block's scores (wait_group 2)."""
+    from attngen.tuning.space import WS_BWD_DEFAULT, WS_MAXNREG
+
+    c = WS_BWD_DEFAULT
+    tiles = ",".join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages, c.dq_block_m, c.dq_block_n,
+                               c.dq_num_warps, c.dq_num_stages)))
+    dkdv, dq = probe("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", tiles,
+                     "--also", "consumers=2", "--also", "dq_consumers=2")
+    assert (dkdv["kernel"], dq["kernel"]) == ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"), (dkdv, dq)
+    for r in (dkdv, dq):
+        assert r["registers"] <= WS_MAXNREG and r["spill_stores"] <= 32, r
+    assert 2 in dq["wait_groups"] and 1 in dkdv["wait_groups"], (dkdv, dq)

@@ -75,7 +75,7 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     from attngen.runtime import loader
     from attngen.runtime.dispatch import native_target
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import check_bwd, default_bwd_config
+    from attngen.tuning.space import bwd_triton_fallback, check_bwd, default_bwd_config
 
     if native_target(torch.device("cuda")) != "sm90":
         pytest.skip("the TMA dK/dV kernel is the sm90 family's")
@@ -85,8 +85,9 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     mask, wl, wr = mask_kind(c.causal, c.window)
     spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
                       softcap=c.softcap > 0)
-    cfg = dataclasses.replace(default_bwd_config(spec), atomic_dq=atomic, tma=True, split_dkdv=split,
-                              dq_regs=regs)
+    # the Triton kernels' config (the Gluon passes, the default where they exist, are tested below)
+    cfg = dataclasses.replace(bwd_triton_fallback(default_bwd_config(spec)), atomic_dq=atomic, tma=True,
+                              split_dkdv=split, dq_regs=regs)
     if atomic and c.D > 128:  # the default tiles and the fp32 dQ tile do not fit the shared memory together
         cfg = dataclasses.replace(cfg, block_m=32, block_n=64, num_warps=4, num_stages=2)
     assert check_bwd(spec, cfg) is None
@@ -97,6 +98,68 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     torch.cuda.synchronize()
     rec = c.record("bwd-tma" + ("-dq-reduce" if atomic else "") + ("-split" if split else "")
                    + ("-dq-regs" if regs else ""), passed=False, error=None)
+    gpu_records.append(rec)
+    try:
+        errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],
+                           (q, k, v), dout, grads, FACTOR, ATOL)
+    finally:
+        rec.update(seconds=round(time.perf_counter() - t0, 2))
+    rec.update(ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()), passed=True)
+
+
+# The warp-specialized Gluon dK/dV pass (BwdConfig.consumers; dense hd64 / hd128 without softcap):
+# odd lengths both ways, GQA, a window, the key edge inside a consumer's 64 keys and past it.
+WS_CASES = [
+    Shape(BF16, 1, 8, 2, 1023, 1023, 128, causal=True),
+    Shape(FP16, 2, 4, 4, 113, 203, 64, causal=True),
+    Shape(BF16, 1, 4, 4, 203, 113, 128),
+    Shape(FP16, 1, 8, 8, 1023, 4096, 128),
+    Shape(BF16, 1, 8, 2, 4096, 4096, 128, causal=True, window=(1023, 0)),
+    Shape(BF16, 1, 8, 8, 4096, 4096, 64, causal=True),
+    Shape(BF16, 2, 4, 1, 2049, 2049, 128, window=(255, 17)),
+]
+
+
+@pytest.mark.parametrize("c", WS_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("dkdv,dq", [(2, 0), (0, 2), (2, 2)], ids=["dkdv-ws", "dq-ws", "both-ws"])
+def test_ws_backward_matches_float64_reference(c: Shape, dkdv: int, dq: int, gpu_records):
+    """The Gluon dK/dV and dQ passes, forced (and checked to be the kernels that ran), with the
+    rule above."""
+    import dataclasses
+    import math
+
+    from attngen.kernels.bwd import attn_bwd, bwd_launches
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.runtime import loader
+    from attngen.runtime.dispatch import native_target
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import check_bwd, default_bwd_config
+
+    if native_target(torch.device("cuda")) != "sm90":
+        pytest.skip("the Gluon dK/dV pass is the sm90 family's")
+    t0 = time.perf_counter()
+    q, k, v, dout = make_inputs(c, salt="bwd-ws")
+    out, lse = attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
+    mask, wl, wr = mask_kind(c.causal, c.window)
+    spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask)
+    cfg = dataclasses.replace(default_bwd_config(spec), tma=True, atomic_dq=False, split_dkdv=False, dq_regs=False,
+                              consumers=0, dq_consumers=0)
+    if dkdv:
+        cfg = dataclasses.replace(cfg, block_m=64, block_n=128, num_warps=4, num_stages=2, consumers=dkdv)
+    if dq:
+        cfg = dataclasses.replace(cfg, dq_block_m=128, dq_block_n=64, dq_num_warps=4, dq_num_stages=2,
+                                  dq_consumers=dq)
+    assert check_bwd(spec, cfg) is None
+    args = MaskArgs(scale=1 / math.sqrt(c.D), softcap=0.0, window_left=wl, window_right=wr, align_top_left=False)
+    mod = loader.load(spec)
+    names = [la.fn.__name__ for la in bwd_launches(mod, spec, q, k, v, out, dout, lse, torch.empty_like(lse),
+                                                   torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+                                                   args, cfg, False)]
+    assert ("_attn_bwd_dkdv_ws" in names) == bool(dkdv) and ("_attn_bwd_dq_ws" in names) == bool(dq), names
+    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
+    attn_bwd(mod, spec, q, k, v, out, dout, lse, *grads, args, cfg, deterministic=True)
+    torch.cuda.synchronize()
+    rec = c.record(f"bwd-ws-dkdv{dkdv}-dq{dq}", passed=False, error=None)
     gpu_records.append(rec)
     try:
         errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],

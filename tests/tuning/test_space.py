@@ -98,11 +98,11 @@ def test_defaults_are_valid_and_inside_the_space(family, d):
              else [space.default_bwd_config(s, "cuda")])
     for cfg in dflts:
         assert FAMILIES[family].check(s, cfg) is None, cfg
-        if getattr(cfg, "consumers", 0):
-            # the warp-specialized Gluon forward: the tuner's yardstick, measured first but left
-            # out of the search space (its valid corner is a handful of fixed-geometry configs);
-            # what it falls back to is inside
-            cfg = space.triton_fallback(cfg, s)
+        if getattr(cfg, "consumers", 0) or getattr(cfg, "dq_consumers", 0):
+            # the warp-specialized Gluon kernels: the tuner's yardstick, measured first but left
+            # out of the search space (their valid corner is a handful of fixed-geometry configs);
+            # what they fall back to is inside
+            cfg = space.triton_fallback(cfg, s) if family == "fwd" else space.bwd_triton_fallback(cfg)
         assert all(v in sp[k] for k, v in dataclasses.asdict(cfg).items()), f"{cfg} outside {sp}"
 
 
@@ -202,3 +202,56 @@ def test_triton_fallback_of_the_warp_specialized_forward():
     assert fb.consumers == 0 and space.check_fwd(spec(d=128), fb) is None
     plain = FwdConfig(64, 64, 4, 3, tma=True)
     assert space.triton_fallback(plain) is plain
+
+
+def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
+    """Dense sm90 backward calls of head dim 64 / 128 without softcapping take the Gluon passes
+    (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which won there); packed
+    documents, softcapping, other head dims, sm80 and the CPU do not."""
+    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT)):
+        for mask in ("none", "causal", "sliding_window"):
+            s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
+            assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
+            assert space.check_bwd(s, want) is None
+    assert space.WS_BWD_DEFAULT_HD64.dq_consumers == 0 and space.WS_BWD_DEFAULT.dq_consumers == 2
+    for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True),
+              KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
+              KernelSpec("bwd", "bf16", "sm90", 96, 96, 1, "causal"),
+              KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal"),
+              KernelSpec("bwd", "bf16", "sm80", 128, 128, 1, "causal")):
+        cfg = space.default_bwd_config(s, "cuda")
+        assert cfg.consumers == cfg.dq_consumers == 0, s
+        want = "tma exists" if s.target == "sm80" else "consumers / dq_consumers"
+        assert space.check_bwd(s, space.WS_BWD_DEFAULT).startswith(want), s
+    assert space.default_bwd_config(spec(d=128).replace(family="bwd"), "cpu").consumers == 0
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(consumers=3), "consumers / dq_consumers are 0"),
+    (dict(tma=False), "consumers / dq_consumers need tma"),
+    (dict(atomic_dq=True), "consumers / dq_consumers need tma"),
+    (dict(split_dkdv=True), "consumers: the Gluon dK/dV pass computes dK and dV in one launch"),
+    (dict(block_n=64), "consumers: each consumer is one warp group of 64 keys"),
+    (dict(num_warps=8), "consumers: each consumer is one warp group of 64 keys"),
+    (dict(block_m=32), "consumers: block_m"),
+    (dict(dq_block_m=64), "dq_consumers: each consumer is one warp group of 64 query rows"),
+    (dict(dq_num_warps=8), "dq_consumers: each consumer is one warp group of 64 query rows"),
+    (dict(dq_block_n=32), "dq_consumers: dq_block_n is 64"),
+    (dict(dq_regs=True), "dq_consumers: dq_block_n is 64"),
+    (dict(dq_num_stages=6), "dQ: needs ~"),  # Q / dO of 128 rows + six 64-key K / V stages
+])
+def test_check_bwd_warp_specialized_backward(change, reason):
+    s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    cfg = dataclasses.replace(space.WS_BWD_DEFAULT, **change)
+    assert (space.check_bwd(s, cfg) or "").startswith(reason), space.check_bwd(s, cfg)
+
+
+def test_triton_fallback_of_the_warp_specialized_backward():
+    s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    fb = space.bwd_triton_fallback(space.WS_BWD_DEFAULT)
+    assert fb.consumers == fb.dq_consumers == 0 and space.check_bwd(s, fb) is None
+    assert (fb.block_n, fb.dq_block_m, fb.dq_num_warps) == (64, 128, 8)
+    only_dq = space.bwd_triton_fallback(space.WS_BWD_DEFAULT, dkdv=False)
+    assert only_dq.consumers == 2 and only_dq.dq_consumers == 0 and space.check_bwd(s, only_dq) is None
+    plain = BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=True)
+    assert space.bwd_triton_fallback(plain) is plain
