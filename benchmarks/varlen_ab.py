@@ -28,7 +28,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import BwdConfig, FwdConfig, check_bwd, check_fwd
+from attngen.tuning.space import WS_BWD_DEFAULT, WS_DEFAULT, BwdConfig, FwdConfig, check_bwd, check_fwd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fwd_ab import parse_config, render_variant  # noqa: E402
@@ -42,10 +42,11 @@ FWD = [FwdConfig(64, 64, 4, 3), FwdConfig(128, 64, 8, 3),
        FwdConfig(128, 64, 8, 3, tma=True), FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True),
        FwdConfig(64, 64, 4, 3, tma=True, persistent=2), FwdConfig(128, 128, 8, 2, tma=True, lazy_rescale=True),
        FwdConfig(64, 64, 4, 4, tma=True), FwdConfig(64, 128, 4, 3, tma=True), FwdConfig(64, 128, 8, 3, tma=True),
-       FwdConfig(64, 64, 8, 3, tma=True), FwdConfig(64, 32, 4, 4, tma=True)]
+       FwdConfig(64, 64, 8, 3, tma=True), FwdConfig(64, 32, 4, 4, tma=True), WS_DEFAULT]
 BWD = [BwdConfig(64, 64, 4, 2, 128, 64, 8, 3), BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=True),
        BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=True), BwdConfig(64, 64, 4, 2, 64, 64, 4, 3, tma=True),
-       BwdConfig(64, 128, 8, 2, 128, 64, 8, 3, tma=True), BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, True, tma=True)]
+       BwdConfig(64, 128, 8, 2, 128, 64, 8, 3, tma=True), BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, True, tma=True),
+       WS_BWD_DEFAULT]  # the warp-specialized Gluon passes (the default for dense and packed hd128)
 
 
 def reference(q, k, v, dout, cu, heads):

@@ -152,10 +152,10 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
 
 def ws_forward(spec: KernelSpec) -> bool:
     """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja,
-    FwdConfig.consumers): sm90 family, dense calls, no softcapping, the same head dim for Q, K and
-    V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64; packed documents, softcapping
-    and the other head dims keep the Triton kernels)."""
-    return (spec.family == "fwd" and spec.target == "sm90" and not spec.varlen and not spec.softcap
+    FwdConfig.consumers): sm90 family, dense calls and packed documents, no softcapping, the same
+    head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
+    softcapping and the other head dims keep the Triton kernels)."""
+    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
 
 
@@ -164,10 +164,10 @@ WS_HEAD_DIMS = (64, 128, 192, 256)
 
 def ws_backward(spec: KernelSpec) -> bool:
     """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
-    BwdConfig.consumers): sm90 family, dense calls, no softcapping, the same head dim for Q, K and
-    V, one of WS_BWD_HEAD_DIMS (its dK and dV accumulators live in the consumers' registers: 64
+    BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
+    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV accumulators live in the consumers' registers: 64
     keys x the head dim, twice)."""
-    return (spec.family == "bwd" and spec.target == "sm90" and not spec.varlen and not spec.softcap
+    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
 
 

@@ -24,13 +24,13 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
-    gluon_ok = (getattr(mod, "WS_BWD", False) and cfg.tma and not packed and not atomic and not wide and q.numel() > 0
+    gluon_ok = (getattr(mod, "WS_BWD", False) and cfg.tma and not atomic and not wide and q.numel() > 0
                 and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
-        ws_descs = tma_descriptors(*_ws_views(cfg, q, k, v, dout, dk, dv))
+        ws_descs = tma_descriptors(*_ws_views(cfg, q, k, v, dout, dk, dv, packed))
     if cfg.dq_consumers and gluon_ok:
-        dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq))
+        dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
     cfg = bwd_triton_fallback(cfg, dkdv=ws_descs is None, dq=dq_ws_descs is None)
     Hq, Hkv = (q.shape[1], k.shape[1])
@@ -78,20 +78,24 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             per_doc = "Q" in mod._attn_bwd_dkdv_tma.arg_names
             if per_doc:
                 dkdv_descs = dq_descs = None
-            if ws_descs is not None:  # the Gluon dK/dV pass (dense calls)
+            # the Gluon passes; packed documents: the host descriptors of the tensors the kernels do
+            # not bound per document (the views above checked that the copy engine can address all)
+            if ws_descs is not None:
                 launches = [pre, Launch(mod._attn_bwd_dkdv_ws, dkdv_grid,
                                         {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                        cfg.num_warps, 1, ws_descs, maxnreg=WS_MAXNREG)]
+                                        cfg.num_warps, 1, _host_part(ws_descs, packed, ("desc_k", "desc_v")),
+                                        scratch=packed, maxnreg=WS_MAXNREG)]
             else:
                 wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
                 launches = [pre] + [
                     Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
                            cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
                     for dk_, dv_ in wants]
-            if dq_ws_descs is not None:  # the Gluon dQ pass
+            if dq_ws_descs is not None:
                 launches.append(Launch(mod._attn_bwd_dq_ws, dq_grid,
                                        {**dq_values, "STAGES": cfg.dq_num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                       cfg.dq_num_warps, 1, dq_ws_descs, maxnreg=WS_MAXNREG))
+                                       cfg.dq_num_warps, 1, _host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
+                                       scratch=packed, maxnreg=WS_MAXNREG))
                 return launches
             if not atomic:
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
@@ -103,29 +107,35 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     return launches
 
 
-def _gluon_views(*entries) -> tuple[dict, dict]:
+def _host_part(descs: dict, packed: bool, names: tuple) -> dict:
+    """A Gluon pass's host descriptors: all of them for a dense call; for packed documents only
+    `names` (the kernel makes the others per document or stores through pointers)."""
+    return {n: d for n, d in descs.items() if n in names} if packed else descs
+
+
+def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:
     """(views, block shapes) of Gluon descriptors: (short name, tensor name, tensor, rows) each,
     one head-dim tile wide; "gluon": their shared-memory layouts follow (tma_descriptors)."""
     views, blocks = {}, {}
     for short, name, tensor, rows in entries:
-        views[f"desc_{short}"] = (name, tensor)
-        blocks[f"desc_{short}"] = ([1, 1, rows, tensor.shape[3]], "gluon")
+        views[f"desc_{short}"] = (name, descriptor_view(tensor, packed))
+        blocks[f"desc_{short}"] = ([1, 1, rows, tensor.shape[-1]], "gluon")
     return views, blocks
 
 
-def _ws_views(cfg: BwdConfig, q, k, v, dout, dk, dv) -> tuple[dict, dict]:
+def _ws_views(cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
     one consumer's keys."""
     n = cfg.block_n // cfg.consumers
-    return _gluon_views(("q", "Q", q, cfg.block_m), ("do", "DO", dout, cfg.block_m), ("k", "K", k, n),
+    return _gluon_views(packed, ("q", "Q", q, cfg.block_m), ("do", "DO", dout, cfg.block_m), ("k", "K", k, n),
                         ("v", "V", v, n), ("dk", "DK", dk, n), ("dv", "DV", dv, n))
 
 
-def _dq_ws_views(cfg: BwdConfig, q, k, v, dout, dq) -> tuple[dict, dict]:
+def _dq_ws_views(cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dQ pass's descriptors: Q, dO, dQ in one consumer's rows, K and V in ring slots of
     dq_block_n keys."""
     m = cfg.dq_block_m // cfg.dq_consumers
-    return _gluon_views(("q", "Q", q, m), ("do", "DO", dout, m), ("dq", "DQ", dq, m),
+    return _gluon_views(packed, ("q", "Q", q, m), ("do", "DO", dout, m), ("dq", "DQ", dq, m),
                         ("k", "K", k, cfg.dq_block_n), ("v", "V", v, cfg.dq_block_n))
 
 

@@ -46,12 +46,14 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
               and (q.device.type == "cuda" if gluon is None else gluon))
-    if use_ws and not packed and rows and bh:
-        descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out))
+    if use_ws and rows and bh:
+        descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out, packed))
         if descs is not None:
             values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS)
+            if packed:  # host descriptors for Q and K; V and O per document inside the kernel
+                descs = {n: d for n, d in descs.items() if n.startswith(("desc_q", "desc_k"))}
             return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1, descs,
-                           maxnreg=cfg.maxnreg or WS_MAXNREG)]
+                           scratch=packed, maxnreg=cfg.maxnreg or WS_MAXNREG)]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)
         blocks = triton.cdiv(rows, cfg.block_m)
@@ -70,17 +72,17 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
 
 
-def _ws_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out) -> tuple[dict, dict]:
+def _ws_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:
     """The warp-specialized kernel's descriptors (views, block shapes, "gluon": its shared-memory
     layouts follow), one per tensor and head-dim column tile as for the TMA kernel: Q and O in
-    tiles of one consumer's rows, K and V in key blocks."""
+    tiles of one consumer's rows, K and V in key blocks (packed: the (1, H, T, D) views)."""
     rows = cfg.block_m // cfg.consumers
     views, blocks = {}, {}
     for tiles, group in ((mod.QK_TILES, (("q", "Q", q, rows), ("k", "K", k, cfg.block_n))),
                          (mod.V_TILES, (("v", "V", v, cfg.block_n), ("o", "Out", out, rows)))):
         for short, name, tensor, n in group:
             for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
-                views[param] = (name, tensor)
+                views[param] = (name, descriptor_view(tensor, packed))
                 blocks[param] = ([1, 1, n, width], "gluon")
     return views, blocks
 

@@ -38,8 +38,8 @@ class FwdConfig:
     # ptxas's register cap per thread (0: the compiler's choice): under 168 registers three 4-warp
     # programs fit on an SM (65536 registers, allocated per warp in steps of 256)
     maxnreg: int = 0
-    # sm90 family, dense calls of head dim 64, 128, 192 or 256 without softcapping (the module's
-    # WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
+    # sm90 family, calls of head dim 64, 128, 192 or 256 without softcapping, dense or packed
+    # documents (the module's WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
     # num_stages K / V buffers through TMA and `consumers` warp groups (num_warps = 4 each) of
     # block_m // consumers query rows compute from it; maxnreg: the kernel's register cap (0: 168,
     # the consumers then take 232 each). 0: the Triton kernels
@@ -72,7 +72,8 @@ class BwdConfig:
     # sm90 TMA dQ pass: its Q and dO tiles held in registers (wgmma's A operand of Q.K^T and dO.V^T
     # from registers) instead of read from shared memory for every key block
     dq_regs: bool = False
-    # sm90 family, dense calls of head dim 64 or 128 without softcapping (the module's WS_BWD): the
+    # sm90 family, calls of head dim 64 or 128 without softcapping, dense or packed documents (the
+    # module's WS_BWD): the
     # dK/dV pass is the Gluon kernel _attn_bwd_dkdv_ws -- one producer warp streams Q / dO blocks
     # of block_m rows through a ring of num_stages slots, `consumers` warp groups (num_warps = 4
     # each) own block_n // consumers keys each. 0: the Triton kernel
@@ -119,7 +120,7 @@ def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     from attngen.codegen.render import WS_HEAD_DIMS, ws_forward
 
     if not ws_forward(spec):
-        return ("consumers (the warp-specialized Gluon forward) exists for dense sm90 calls of head "
+        return ("consumers (the warp-specialized Gluon forward) exists for sm90 calls of head "
                 f"dim {', '.join(map(str, WS_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
     if cfg.consumers != 2:
         return "consumers is 0 (the Triton kernels) or 2 (two consumer warp groups)"
@@ -208,7 +209,7 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     from attngen.codegen.render import WS_BWD_HEAD_DIMS, ws_backward
 
     if not ws_backward(spec):
-        return ("consumers / dq_consumers (the warp-specialized Gluon backward) exist for dense sm90 calls "
+        return ("consumers / dq_consumers (the warp-specialized Gluon backward) exist for sm90 calls "
                 f"of head dim {', '.join(map(str, WS_BWD_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
     if cfg.consumers not in (0, 2) or cfg.dq_consumers not in (0, 2):
         return "consumers / dq_consumers are 0 (the Triton kernels) or 2 (two consumer warp groups)"
@@ -353,7 +354,11 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
-        if check_fwd(spec, ws) is None:
+        # packed documents keep the Triton kernel: the Gluon one lost there (8 causal 1024-token
+        # documents, GQA 32/8: 308 vs 347 TFLOP/s; 8 uneven documents 365 vs 399), its
+        # one-program-per-SM prologue and epilogue exposed on short documents
+        # (h200_ab_varlen_ws2_2026-12-01.json)
+        if not spec.varlen and check_fwd(spec, ws) is None:
             return ws
         return _sm90_fwd_default(d, spec.varlen)
     if d <= 64:

@@ -431,8 +431,9 @@ def test_family_without_template_is_a_codegen_error(tmp_path):
 
 
 def test_warp_specialized_forward_is_generated_where_it_exists():
-    """sm90 dense forward kernels of head dim 64 / 128 without softcapping carry the Gluon kernel
-    (WS_FWD); packed documents, softcapping, split head dims and sm80 do not even import Gluon.
+    """sm90 forward kernels of head dim 64 / 128 without softcapping carry the Gluon kernel
+    (WS_FWD), packed documents too (making their descriptors per document); softcapping, split head
+    dims and sm80 do not even import Gluon.
     On a CPU tensor the launcher gives such a config to the Triton kernels (the interpreter does
     not run Gluon), with the fallback's tiles."""
     import torch
@@ -448,7 +449,9 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     src = render(dense)
     assert "WS_FWD = True" in src and "\ndef _attn_fwd_ws(" in src and "warp_specialize(" in src
     assert '@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"' in src
-    for other in (dense.replace(varlen=True), dense.replace(softcap=True),
+    docs = render(dense.replace(varlen=True))
+    assert "WS_FWD = True" in docs and docs.count("tma.make_tensor_descriptor(") == 1  # V, bounded per document
+    for other in (dense.replace(softcap=True),
                   dense.replace(head_dim_qk=96, head_dim_v=96), dense.replace(target="sm80")):
         text = render(other)
         assert "WS_FWD = False" in text and "gluon" not in text, other
@@ -465,9 +468,9 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
 
 
 def test_warp_specialized_backward_is_generated_where_it_exists():
-    """sm90 dense backward kernels of head dim 64 / 128 without softcapping carry the Gluon dK/dV
-    and dQ passes (WS_BWD); packed documents, softcapping, other head dims and sm80 do not import
-    Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
+    """sm90 backward kernels of head dim 64 / 128 without softcapping carry the Gluon dK/dV and dQ
+    passes (WS_BWD), packed documents too (descriptors per document); softcapping, other head dims
+    and sm80 do not import Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
     does not run Gluon), with the fallback's tiles; asked for Gluon (as the compile probe does),
     it launches both Gluon passes."""
     import torch
@@ -483,7 +486,10 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     src = render(dense)
     assert "WS_BWD = True" in src and "\ndef _attn_bwd_dkdv_ws(" in src and "\ndef _attn_bwd_dq_ws(" in src
     assert src.count("@gluon.jit(do_not_specialize=[\"seqlen_q\", \"seqlen_k\"") == 2
-    for other in (dense.replace(varlen=True), dense.replace(softcap=True), dense.replace(head_dim_qk=96, head_dim_v=96),
+    docs = render(dense.replace(varlen=True))
+    # bounded per document: Q and dO in the dK/dV pass, K and V in the dQ pass
+    assert "WS_BWD = True" in docs and docs.count("tma.make_tensor_descriptor(") == 2 + 2
+    for other in (dense.replace(softcap=True), dense.replace(head_dim_qk=96, head_dim_v=96),
                   dense.replace(head_dim_qk=256, head_dim_v=256), dense.replace(target="sm80")):
         text = render(other)
         assert "WS_BWD = False" in text and "gluon" not in text, other

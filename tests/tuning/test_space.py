@@ -161,7 +161,7 @@ def test_config_from_dict_names_bad_fields():
 def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
     """Dense sm90 calls of head dim 64 / 128 / 192 / 256 without softcapping take the Gluon kernel
     (FwdConfig.consumers; hd192 / hd256 on 64-key blocks: 128-key ones do not fit); packed
-    documents, softcapping, other head dims and sm80 do not."""
+    documents may (it lost there); softcapping, other head dims and sm80 do not."""
     for d in (64, 128, 192, 256):
         want = space.WS_DEFAULT if d <= 128 else space.WS_DEFAULT_WIDE
         for mask in ("none", "causal", "sliding_window"):
@@ -170,8 +170,11 @@ def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
             assert space.check_fwd(s, want) is None
     assert space.check_fwd(KernelSpec("fwd", "bf16", "sm90", 256, 256, 1, "causal"),
                            space.WS_DEFAULT).startswith("needs ~")
-    others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True),
-              KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
+    # packed documents: the kernel exists (a tuning choice) but the Triton one is the default
+    docs = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
+    assert space.check_fwd(docs, space.WS_DEFAULT) is None
+    assert space.default_fwd_config(docs, "cuda", 4096).consumers == 0
+    others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm90", 80, 80, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm80", 128, 128, 1, "causal")]
@@ -205,17 +208,18 @@ def test_triton_fallback_of_the_warp_specialized_forward():
 
 
 def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
-    """Dense sm90 backward calls of head dim 64 / 128 without softcapping take the Gluon passes
-    (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which won there); packed
-    documents, softcapping, other head dims, sm80 and the CPU do not."""
+    """sm90 backward calls of head dim 64 / 128 without softcapping, dense or packed documents, take
+    the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which won
+    there); softcapping, other head dims, sm80 and the CPU do not."""
     for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT)):
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
             assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
             assert space.check_bwd(s, want) is None
     assert space.WS_BWD_DEFAULT_HD64.dq_consumers == 0 and space.WS_BWD_DEFAULT.dq_consumers == 2
-    for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True),
-              KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
+    docs = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
+    assert space.default_bwd_config(docs, "cuda") == space.WS_BWD_DEFAULT  # packed documents too
+    for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("bwd", "bf16", "sm90", 96, 96, 1, "causal"),
               KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal"),
               KernelSpec("bwd", "bf16", "sm80", 128, 128, 1, "causal")):
