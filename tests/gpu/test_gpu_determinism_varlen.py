@@ -99,3 +99,47 @@ def test_varlen_documents_are_isolated(deterministic):
         else:  # atomic dQ: the order of the fp32 adds varies run to run
             assert torch.isfinite(g).all(), f"{name}: a poisoned document made its neighbours non-finite"
             assert (g.float() - w.float()).abs().max() <= 1e-2 * w.float().abs().max(), name
+
+
+def test_varlen_gluon_forward_matches_reference_and_isolates():
+    """The warp-specialized Gluon forward on packed documents (a tuning choice, not the default:
+    it lost to the Triton kernel there), forced: every document within the flash-attn rule, and a
+    poisoned document leaves its neighbours' O and LSE bit for bit as in the clean run."""
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import WS_DEFAULT, check_fwd
+
+    lens = [1, 17, 113, 1023, 300, 2048, 64, 511]
+    hq, hkv, d = 8, 2, 128
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 5)
+    spec = KernelSpec("fwd", "bf16", "sm90", d, d, hq // hkv, "causal", varlen=True)
+    assert check_fwd(spec, WS_DEFAULT) is None
+    _, wl, wr = mask_kind(True, (-1, -1))
+    mod, args = loader.load(spec), MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False)
+
+    def run(q, k, v):
+        out, lse = torch.full_like(q, float("nan")), torch.full((hq, q.shape[0]), float("nan"), device="cuda")
+        names = [la.fn.__name__ for la in fwd_launches(mod, spec, q, k, v, out, lse, args, WS_DEFAULT, cu, cu, max(lens))]
+        assert names == ["_attn_fwd_ws"], names
+        attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu, cu, max(lens), args, WS_DEFAULT)
+        return out, lse
+
+    out, lse = run(q, k, v)
+    for i, n in enumerate(lens):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        bh = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
+        ref, ref_lse = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, scale=1 / math.sqrt(d))
+        pt, _ = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, upcast=False, scale=1 / math.sqrt(d))
+        assert_flash_rule(f"doc{i}/out", bh(out), ref, pt, 2.0)
+        assert_lse_close(f"doc{i}/lse", lse[:, sl].unsqueeze(0), ref_lse)
+    bad = [t.clone() for t in (q, k, v)]
+    lo, hi = int(cu[3]), int(cu[4])  # document 3 poisoned
+    for t in bad:
+        t[lo:hi:3] = float("nan")
+        t[lo + 1:hi:3] = float("inf")
+    out_bad, lse_bad = run(*bad)
+    keep = torch.cat([torch.arange(0, lo), torch.arange(hi, sum(lens))]).cuda()
+    assert torch.equal(out_bad[keep], out[keep]) and torch.equal(lse_bad[:, keep], lse[:, keep])
