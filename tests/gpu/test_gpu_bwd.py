@@ -5,6 +5,8 @@ in the inputs' precision."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 
 import pytest
@@ -28,6 +30,60 @@ CASES = [
     Shape(FP16, 1, 8, 4, 4096, 1023, 256, causal=True, softcap=30.0, q_mult=4.0),
     Shape(BF16, 2, 8, 8, 1023, 1023, 80),
 ]
+
+
+class _Sm90Run:
+    """A forced sm90 backward of shape `c`: inputs, the runtime's forward (out, LSE), the backward
+    KernelSpec and mask values; skips off Hopper."""
+
+    def __init__(self, c: Shape, salt: str):
+        from attngen.kernels.common import MaskArgs, mask_kind
+        from attngen.runtime import loader
+        from attngen.runtime.dispatch import native_target
+        from attngen.spec import KernelSpec
+
+        if native_target(torch.device("cuda")) != "sm90":
+            pytest.skip("the TMA and Gluon backward kernels are the sm90 family's")
+        self.t0 = time.perf_counter()
+        q, k, v, self.dout = make_inputs(c, salt=salt)
+        self.inputs = (q, k, v)
+        self.out, self.lse = attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
+        mask, wl, wr = mask_kind(c.causal, c.window)
+        self.spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv,
+                               mask, softcap=c.softcap > 0)
+        self.args = MaskArgs(scale=1 / math.sqrt(c.D), softcap=c.softcap, window_left=wl, window_right=wr,
+                             align_top_left=False)
+        self.module = loader.load(self.spec)
+
+    def kernel_names(self, cfg) -> list[str]:
+        from attngen.kernels.bwd import bwd_launches
+
+        q, k, v = self.inputs
+        return [la.fn.__name__ for la in bwd_launches(
+            self.module, self.spec, q, k, v, self.out, self.dout, self.lse, torch.empty_like(self.lse),
+            torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), self.args, cfg, False)]
+
+    def backward(self, cfg, deterministic: bool) -> tuple:
+        """(dq, dk, dv) through the launcher (outputs poisoned first)."""
+        from attngen.kernels.bwd import attn_bwd
+
+        grads = tuple(torch.full_like(t, float("nan")) for t in self.inputs)
+        attn_bwd(self.module, self.spec, *self.inputs, self.out, self.dout, self.lse, *grads, self.args, cfg,
+                 deterministic=deterministic)
+        torch.cuda.synchronize()
+        return grads
+
+
+def _check_and_record(c: Shape, kind: str, inputs, dout, grads, gpu_records, t0: float) -> None:
+    """The gradient rule on grads of a launcher-run backward, with its summary record."""
+    rec = c.record(kind, passed=False, error=None)
+    gpu_records.append(rec)
+    try:
+        errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],
+                           inputs, dout, grads, FACTOR, ATOL)
+    finally:
+        rec.update(seconds=round(time.perf_counter() - t0, 2))
+    rec.update(ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()), passed=True)
 
 
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
@@ -67,44 +123,18 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     the dQ tiles by TMA reduce-add inside the dK/dV pass, else the TMA dQ pass; split_dkdv: dK and
     dV from two launches; dq_regs: the dQ pass's Q and dO held in registers), forced here whether
     or not the default table or the database picks them, with the same rule."""
-    import dataclasses
-    import math
-
-    from attngen.kernels.bwd import attn_bwd
-    from attngen.kernels.common import MaskArgs, mask_kind
-    from attngen.runtime import loader
-    from attngen.runtime.dispatch import native_target
-    from attngen.spec import KernelSpec
     from attngen.tuning.space import bwd_triton_fallback, check_bwd, default_bwd_config
 
-    if native_target(torch.device("cuda")) != "sm90":
-        pytest.skip("the TMA dK/dV kernel is the sm90 family's")
-    t0 = time.perf_counter()
-    q, k, v, dout = make_inputs(c, salt="bwd-tma")
-    out, lse = attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
-    mask, wl, wr = mask_kind(c.causal, c.window)
-    spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
-                      softcap=c.softcap > 0)
+    run = _Sm90Run(c, "bwd-tma")
     # the Triton kernels' config (the Gluon passes, the default where they exist, are tested below)
-    cfg = dataclasses.replace(bwd_triton_fallback(default_bwd_config(spec)), atomic_dq=atomic, tma=True,
+    cfg = dataclasses.replace(bwd_triton_fallback(default_bwd_config(run.spec)), atomic_dq=atomic, tma=True,
                               split_dkdv=split, dq_regs=regs)
     if atomic and c.D > 128:  # the default tiles and the fp32 dQ tile do not fit the shared memory together
         cfg = dataclasses.replace(cfg, block_m=32, block_n=64, num_warps=4, num_stages=2)
-    assert check_bwd(spec, cfg) is None
-    args = MaskArgs(scale=1 / math.sqrt(c.D), softcap=c.softcap, window_left=wl, window_right=wr,
-                    align_top_left=False)
-    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attn_bwd(loader.load(spec), spec, q, k, v, out, dout, lse, *grads, args, cfg, deterministic=False)
-    torch.cuda.synchronize()
-    rec = c.record("bwd-tma" + ("-dq-reduce" if atomic else "") + ("-split" if split else "")
-                   + ("-dq-regs" if regs else ""), passed=False, error=None)
-    gpu_records.append(rec)
-    try:
-        errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],
-                           (q, k, v), dout, grads, FACTOR, ATOL)
-    finally:
-        rec.update(seconds=round(time.perf_counter() - t0, 2))
-    rec.update(ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()), passed=True)
+    assert check_bwd(run.spec, cfg) is None
+    grads = run.backward(cfg, deterministic=False)
+    kind = "bwd-tma" + ("-dq-reduce" if atomic else "") + ("-split" if split else "") + ("-dq-regs" if regs else "")
+    _check_and_record(c, kind, run.inputs, run.dout, grads, gpu_records, run.t0)
 
 
 # The warp-specialized Gluon dK/dV pass (BwdConfig.consumers; dense hd64 / hd128 without softcap):
@@ -125,45 +155,18 @@ WS_CASES = [
 def test_ws_backward_matches_float64_reference(c: Shape, dkdv: int, dq: int, gpu_records):
     """The Gluon dK/dV and dQ passes, forced (and checked to be the kernels that ran), with the
     rule above."""
-    import dataclasses
-    import math
-
-    from attngen.kernels.bwd import attn_bwd, bwd_launches
-    from attngen.kernels.common import MaskArgs, mask_kind
-    from attngen.runtime import loader
-    from attngen.runtime.dispatch import native_target
-    from attngen.spec import KernelSpec
     from attngen.tuning.space import check_bwd, default_bwd_config
 
-    if native_target(torch.device("cuda")) != "sm90":
-        pytest.skip("the Gluon dK/dV pass is the sm90 family's")
-    t0 = time.perf_counter()
-    q, k, v, dout = make_inputs(c, salt="bwd-ws")
-    out, lse = attngen.attention(q, k, v, return_lse=True, **c.mask_kwargs)
-    mask, wl, wr = mask_kind(c.causal, c.window)
-    spec = KernelSpec("bwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask)
-    cfg = dataclasses.replace(default_bwd_config(spec), tma=True, atomic_dq=False, split_dkdv=False, dq_regs=False,
-                              consumers=0, dq_consumers=0)
+    run = _Sm90Run(c, "bwd-ws")
+    cfg = dataclasses.replace(default_bwd_config(run.spec), tma=True, atomic_dq=False, split_dkdv=False,
+                              dq_regs=False, consumers=0, dq_consumers=0)
     if dkdv:
         cfg = dataclasses.replace(cfg, block_m=64, block_n=128, num_warps=4, num_stages=2, consumers=dkdv)
     if dq:
         cfg = dataclasses.replace(cfg, dq_block_m=128, dq_block_n=64, dq_num_warps=4, dq_num_stages=2,
                                   dq_consumers=dq)
-    assert check_bwd(spec, cfg) is None
-    args = MaskArgs(scale=1 / math.sqrt(c.D), softcap=0.0, window_left=wl, window_right=wr, align_top_left=False)
-    mod = loader.load(spec)
-    names = [la.fn.__name__ for la in bwd_launches(mod, spec, q, k, v, out, dout, lse, torch.empty_like(lse),
-                                                   torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-                                                   args, cfg, False)]
+    assert check_bwd(run.spec, cfg) is None
+    names = run.kernel_names(cfg)
     assert ("_attn_bwd_dkdv_ws" in names) == bool(dkdv) and ("_attn_bwd_dq_ws" in names) == bool(dq), names
-    grads = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    attn_bwd(mod, spec, q, k, v, out, dout, lse, *grads, args, cfg, deterministic=True)
-    torch.cuda.synchronize()
-    rec = c.record(f"bwd-ws-dkdv{dkdv}-dq{dq}", passed=False, error=None)
-    gpu_records.append(rec)
-    try:
-        errs = check_grads(c.id, lambda *t, upcast: attention_ref(*t, upcast=upcast, **c.mask_kwargs)[0],
-                           (q, k, v), dout, grads, FACTOR, ATOL)
-    finally:
-        rec.update(seconds=round(time.perf_counter() - t0, 2))
-    rec.update(ratio_to_torch=max((e / pe if pe > 0 else 0.0) for e, pe in errs.values()), passed=True)
+    grads = run.backward(cfg, deterministic=True)
+    _check_and_record(c, f"bwd-ws-dkdv{dkdv}-dq{dq}", run.inputs, run.dout, grads, gpu_records, run.t0)

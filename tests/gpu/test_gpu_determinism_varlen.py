@@ -45,6 +45,23 @@ def test_forward_and_lse_are_bitwise_stable(kw):
         assert torch.equal(out, out0) and torch.equal(lse, lse0), "forward output moved: a race"
 
 
+def _check_documents(lens, cu, qkv, out, lse, dout=None, grads=None) -> None:
+    """Each packed causal document against the float64 reference: O by the flash-attn rule, the
+    LSE, and with dout the gradients by the gradient rule."""
+    d = qkv[0].shape[-1]
+    for i, n in enumerate(lens):
+        sl = slice(int(cu[i]), int(cu[i + 1]))
+        bh = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
+        ref, ref_lse = attention_ref(*(bh(t) for t in qkv), causal=True, scale=1 / math.sqrt(d))
+        pt, _ = attention_ref(*(bh(t) for t in qkv), causal=True, upcast=False, scale=1 / math.sqrt(d))
+        assert_flash_rule(f"doc{i}/out", bh(out), ref, pt, 2.0)
+        assert_lse_close(f"doc{i}/lse", lse[:, sl].unsqueeze(0), ref_lse)
+        if dout is not None:
+            check_grads(f"doc{i}", lambda *t, upcast: attention_ref(*t, causal=True, upcast=upcast,
+                                                                    scale=1 / math.sqrt(d))[0],
+                        [bh(t) for t in qkv], bh(dout), [bh(g) for g in grads])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_varlen_documents(dtype):
     lens = [1, 17, 113, 1023, 300, 2048, 64, 511]
@@ -56,16 +73,7 @@ def test_varlen_documents(dtype):
     out, lse = attngen.attention_varlen(*leaves, cu, cu, max(lens), max(lens), causal=True,
                                         return_lse=True)
     grads = torch.autograd.grad(out, leaves, dout)
-    for i, n in enumerate(lens):
-        sl = slice(int(cu[i]), int(cu[i + 1]))
-        bh = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        ref, ref_lse = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, scale=1 / math.sqrt(d))
-        pt, _ = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, upcast=False, scale=1 / math.sqrt(d))
-        assert_flash_rule(f"doc{i}/out", bh(out), ref, pt, 2.0)
-        assert_lse_close(f"doc{i}/lse", lse[:, sl].unsqueeze(0), ref_lse)
-        check_grads(f"doc{i}", lambda *t, upcast: attention_ref(*t, causal=True, upcast=upcast,
-                                                                scale=1 / math.sqrt(d))[0],
-                    [bh(t) for t in (q, k, v)], bh(dout), [bh(g) for g in grads])
+    _check_documents(lens, cu, (q, k, v), out, lse, dout, grads)
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["dq_pass", "atomic_dq"])
@@ -128,13 +136,7 @@ def test_varlen_gluon_forward_matches_reference_and_isolates():
         return out, lse
 
     out, lse = run(q, k, v)
-    for i, n in enumerate(lens):
-        sl = slice(int(cu[i]), int(cu[i + 1]))
-        bh = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        ref, ref_lse = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, scale=1 / math.sqrt(d))
-        pt, _ = attention_ref(*(bh(t) for t in (q, k, v)), causal=True, upcast=False, scale=1 / math.sqrt(d))
-        assert_flash_rule(f"doc{i}/out", bh(out), ref, pt, 2.0)
-        assert_lse_close(f"doc{i}/lse", lse[:, sl].unsqueeze(0), ref_lse)
+    _check_documents(lens, cu, (q, k, v), out, lse)
     bad = [t.clone() for t in (q, k, v)]
     lo, hi = int(cu[3]), int(cu[4])  # document 3 poisoned
     for t in bad:
