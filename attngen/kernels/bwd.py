@@ -8,7 +8,7 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
+from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback
@@ -83,7 +83,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             if ws_descs is not None:
                 launches = [pre, Launch(mod._attn_bwd_dkdv_ws, dkdv_grid,
                                         {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                        cfg.num_warps, 1, _host_part(ws_descs, packed, ("desc_k", "desc_v")),
+                                        cfg.num_warps, 1, host_part(ws_descs, packed, ("desc_k", "desc_v")),
                                         scratch=packed, maxnreg=WS_MAXNREG)]
             else:
                 wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
@@ -94,7 +94,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             if dq_ws_descs is not None:
                 launches.append(Launch(mod._attn_bwd_dq_ws, dq_grid,
                                        {**dq_values, "STAGES": cfg.dq_num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                       cfg.dq_num_warps, 1, _host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
+                                       cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
                                        scratch=packed, maxnreg=WS_MAXNREG))
                 return launches
             if not atomic:
@@ -105,12 +105,6 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     if not atomic:
         launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))
     return launches
-
-
-def _host_part(descs: dict, packed: bool, names: tuple) -> dict:
-    """A Gluon pass's host descriptors: all of them for a dense call; for packed documents only
-    `names` (the kernel makes the others per document or stores through pointers)."""
-    return {n: d for n, d in descs.items() if n in names} if packed else descs
 
 
 def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:

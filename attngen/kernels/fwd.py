@@ -7,7 +7,7 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, lse_strides, needs_int64, programs,
+from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, FwdConfig, triton_fallback
@@ -50,10 +50,10 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out, packed))
         if descs is not None:
             values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS)
-            if packed:  # host descriptors for Q and K; V and O per document inside the kernel
-                descs = {n: d for n, d in descs.items() if n.startswith(("desc_q", "desc_k"))}
-            return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1, descs,
-                           scratch=packed, maxnreg=cfg.maxnreg or WS_MAXNREG)]
+            # packed documents: host descriptors for Q and K; V per document inside the kernel
+            return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1,
+                           host_part(descs, packed, ("desc_q", "desc_k")), scratch=packed,
+                           maxnreg=cfg.maxnreg or WS_MAXNREG)]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)
         blocks = triton.cdiv(rows, cfg.block_m)

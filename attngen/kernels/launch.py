@@ -111,6 +111,13 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     return out
 
 
+def host_part(descs: dict, packed: bool, prefixes: tuple) -> dict:
+    """A Gluon kernel's host descriptors: all of them for a dense call; for packed documents only
+    those named by `prefixes` (one entry per column tile: desc_q, desc_q0, ...), since the kernel
+    bounds the others per document or stores through pointers."""
+    return {n: d for n, d in descs.items() if n.startswith(prefixes)} if packed else descs
+
+
 def descriptor_view(t, packed: bool):
     """The 4-D view a TMA descriptor covers: a dense (B, H, S, D) view as it is; a packed (T, H, D)
     tensor as (1, H, T, D), which the packed-document kernels address as batch 0, head h, rows from
