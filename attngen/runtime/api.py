@@ -3,8 +3,10 @@
 Three ways in, one implementation:
 * eager, no gradient wanted: a plan cache keyed by shapes, strides, dtypes, device and options; a
   hit is one dict lookup, the output allocations and the launches (attngen.runtime.plans);
-* a gradient wanted, or inside torch.compile: the `attngen::attention_fwd` / `attention_bwd` custom
-  ops (attngen.runtime.ops), whose implementations use the same plans;
+* eager, a gradient wanted: an autograd Function around the same plans (_EagerAttention);
+* inside torch.compile: the `attngen::attention_fwd` / `attention_bwd` custom ops
+  (attngen.runtime.ops), whose implementations use the same plans (dispatching a custom op
+  eagerly costs more host time than a short call's kernels take on the GPU);
 * a miss validates the call (errors name the argument), picks kernel and config
   (attngen.runtime.dispatch) and builds the plan.
 Every plan key ends with dispatch.override() (None, or the target a `forced_target` scope imposes):
@@ -477,18 +479,20 @@ class _EagerAttention(torch.autograd.Function):
     torch.compile traces instead); the same plans and the same backward implementation."""
 
     @staticmethod
-    def forward(ctx, q, k, v, plan: ForwardPlan, deterministic: bool):
-        out, lse = plan.run(q, k, v)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.opts, ctx.deterministic = plan.opts, deterministic
+    def forward(ctx, q, k, v, plan: ForwardPlan, deterministic: bool, cu_q=None, cu_k=None,
+                max_q: int = 0, max_k: int = 0):
+        out, lse = plan.run(q, k, v, cu_q, cu_k)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.opts, ctx.deterministic, ctx.max_qk = plan.opts, deterministic, (max_q, max_k)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.deterministic)
-        return dq, dk, dv, None, None
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.deterministic, cu_q, cu_k,
+                                   *ctx.max_qk)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def check_cu_seqlens(name: str, cu: torch.Tensor, host: torch.Tensor, total: int,
@@ -569,11 +573,18 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     fp32 logsumexp (Hq, total_q). Differentiable."""
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
-    if torch.compiler.is_compiling() or _wants_grad(q, k, v):
+    if torch.compiler.is_compiling():
         from attngen.runtime import ops
 
         out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                      opts, bool(deterministic))
+    elif _wants_grad(q, k, v):  # eager: the autograd Function, as attention()'s (the custom op
+        # costs more host time than the kernels of a short call take on the GPU)
+        check_cu_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
+                        max_seqlen_k, q.device)
+        plan = forward_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic), cu_seqlens_q,
+                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         out, lse = forward_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return (out, lse) if return_lse else out
