@@ -91,6 +91,27 @@ def test_torch_compile_varlen():
         assert torch.equal(a, b)
 
 
+def test_eager_varlen_gradient_skips_the_custom_op(monkeypatch):
+    """Eager calls that want a gradient take the autograd Function (the custom op's dispatch cost
+    more host time than a short call's kernels on the H200), still checking cu_seqlens' values."""
+    from attngen.runtime import ops
+
+    def refuse(*args):
+        raise AssertionError("eager attention_varlen dispatched the custom op")
+
+    monkeypatch.setattr(ops, "attention_fwd", refuse)
+    cu = torch.tensor([0, 5, 22, 23], dtype=torch.int32)
+    q, k, v, dout = random_inputs((23, 4, 32), (23, 2, 32), (23, 2, 32), (23, 4, 32), dtype=torch.float16, seed=6)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attngen.attention_varlen(*leaves, cu, cu, 17, 17, causal=True)
+    dq, dk, dv = torch.autograd.grad(out, leaves, dout)
+    ref = attngen.attention_varlen(q, k, v, cu, cu, 17, 17, causal=True)  # no gradient: forward only
+    assert torch.equal(out, ref) and all(torch.isfinite(g).all() for g in (dq, dk, dv))
+    bad = torch.tensor([0, 5, 3, 23], dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q: must be non-decreasing"):
+        attngen.attention_varlen(*leaves, bad, bad, 17, 17, causal=True)
+
+
 @pytest.mark.parametrize("d,dtype", [(59, torch.float16), (111, torch.bfloat16), (8, torch.float16),
                                      (200, torch.float16)])
 def test_any_head_dim_forward_backward(d, dtype, tmp_path, monkeypatch):
