@@ -10,7 +10,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, FwdConfig, triton_fallback
+from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig, triton_fallback
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -49,11 +49,13 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     if use_ws and rows and bh:
         descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out, packed))
         if descs is not None:
-            values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS)
+            values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS,
+                          PAIR=bool(cfg.pair_tiles), CONSUMERS=cfg.consumers)
+            prog_blocks = (blocks + 1) // 2 if cfg.pair_tiles else blocks
             # packed documents: host descriptors for Q and K; V per document inside the kernel
-            return [Launch(mod._attn_fwd_ws, programs(blocks, bh, "q"), values, cfg.num_warps, 1,
+            return [Launch(mod._attn_fwd_ws, programs(prog_blocks, bh, "q"), values, cfg.num_warps, 1,
                            host_part(descs, packed, ("desc_q", "desc_k")), scratch=packed,
-                           maxnreg=cfg.maxnreg or WS_MAXNREG)]
+                           maxnreg=cfg.maxnreg or (WS_MAXNREG if cfg.consumers == 2 else WS_MAXNREG_ONE))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)
         blocks = triton.cdiv(rows, cfg.block_m)

@@ -41,9 +41,14 @@ class FwdConfig:
     # sm90 family, calls of head dim 64, 128, 192 or 256 without softcapping, dense or packed
     # documents (the module's WS_FWD): the Gluon kernel _attn_fwd_ws -- one producer warp fills a ring of
     # num_stages K / V buffers through TMA and `consumers` warp groups (num_warps = 4 each) of
-    # block_m // consumers query rows compute from it; maxnreg: the kernel's register cap (0: 168,
-    # the consumers then take 232 each). 0: the Triton kernels
+    # block_m // consumers query rows compute from it; maxnreg: the kernel's register cap (0: 168
+    # with two consumers, which then take 232 each; 128 with one, so that two programs share an
+    # SM). 0: the Triton kernels
     consumers: int = 0
+    # the Gluon kernel (consumers > 0): each program runs two query tiles of one (batch, head) or
+    # document, block p and its mirror n - 1 - p (equal work under a causal mask), the second
+    # one's K / V loads in flight during the first one's epilogue; half the programs
+    pair_tiles: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -113,6 +118,9 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
 
 WS_MAXNREG = 168  # the warp-specialized forward's register cap: 12 warps (3 warp groups) fit an SM
 WS_CONSUMER_REGS = 232  # what each consumer warp group takes back from the producer's 24
+# one consumer warp group per program (consumers=1): two programs per SM, each launched at 128
+# registers for its two warp groups (the consumer then takes 232, the producer keeps 24)
+WS_MAXNREG_ONE = 128
 
 
 def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
@@ -122,8 +130,8 @@ def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     if not ws_forward(spec):
         return ("consumers (the warp-specialized Gluon forward) exists for sm90 calls of head "
                 f"dim {', '.join(map(str, WS_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
-    if cfg.consumers != 2:
-        return "consumers is 0 (the Triton kernels) or 2 (two consumer warp groups)"
+    if cfg.consumers not in (1, 2):
+        return "consumers is 0 (the Triton kernels), 1 or 2 (consumer warp groups per program)"
     if not cfg.tma:
         return "consumers needs tma (the producer warp issues TMA loads)"
     if cfg.block_m != 64 * cfg.consumers or cfg.num_warps != 4:
@@ -161,6 +169,8 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         why = check_ws(spec, cfg)
         if why:
             return why
+    elif cfg.pair_tiles:
+        return "pair_tiles exists in the warp-specialized Gluon forward only (needs consumers)"
     need, have = fwd_smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
@@ -358,7 +368,14 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         # documents, GQA 32/8: 308 vs 347 TFLOP/s; 8 uneven documents 365 vs 399), its
         # one-program-per-SM prologue and epilogue exposed on short documents
         # (h200_ab_varlen_ws2_2026-12-01.json)
+        # (pairing and one-consumer programs did not change that: best 337 and 343, 351 with V
+        # through a host descriptor; h200_ab_fwd_pair_2026-12-01.json)
         if not spec.varlen and check_fwd(spec, ws) is None:
+            if d > 192 and spec.mask == "causal":
+                # two mirrored query tiles per program: causal hd256 B2 H16 S4096 653 vs 618
+                # TFLOP/s; hd192 598 vs 607 and hd128 (-9 % at S16384, -12 % on a window, +3 % on
+                # GQA 32/8) keep one tile (h200_ab_fwd_pair_2026-12-01.json)
+                return dataclasses.replace(ws, pair_tiles=True)
             return ws
         return _sm90_fwd_default(d, spec.varlen)
     if d <= 64:

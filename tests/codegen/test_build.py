@@ -4,6 +4,7 @@ stamped, file names carry the content hash, and each feature's code exists only 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import re
 import shutil
@@ -465,6 +466,15 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     assert launch.fn.__name__ == "_attn_fwd_tma", launch.fn
     assert (launch.values["BLOCK_M"], launch.values["BLOCK_N"], launch.num_warps) == (fb.block_m, fb.block_n, 4)
     assert launch.values["num_m_blocks"] == 1
+    # asked for Gluon: one program per 128-row tile, or per mirrored pair of them with pair_tiles
+    q5 = torch.randn(2, 4, 5 * 128 - 3, 128, dtype=torch.bfloat16)
+    k5, v5 = (torch.randn(2, 1, 5 * 128 - 3, 128, dtype=torch.bfloat16) for _ in range(2))
+    out5, lse5 = torch.empty_like(q5), torch.empty(2, 4, 5 * 128 - 3)
+    for pair, programs in ((False, 5 * 2 * 4), (True, 3 * 2 * 4)):
+        cfg = dataclasses.replace(WS_DEFAULT, pair_tiles=pair)
+        (launch,) = fwd_launches(loader.load(dense), dense, q5, k5, v5, out5, lse5, args, cfg, gluon=True)
+        assert launch.fn.__name__ == "_attn_fwd_ws" and launch.values["PAIR"] is pair, launch.values
+        assert launch.grid == programs and launch.values["num_m_blocks"] == 5, launch.grid
 
 
 def test_warp_specialized_backward_is_generated_where_it_exists():

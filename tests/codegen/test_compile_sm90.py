@@ -62,6 +62,23 @@ def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
 
 
+@pytest.mark.parametrize("hd, mask", [(128, "causal"), (256, "sliding_window")])
+def test_paired_tiles_forward_compiles_as_the_single_tile_one(hd, mask):
+    """FwdConfig.pair_tiles: the program's two query tiles run one after the other through the
+    same consumer code, with the same shared memory (the Q buffers are reloaded, not doubled) and
+    at most a few scalars spilled across the tile boundary."""
+    from attngen.tuning.space import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG
+
+    cfg = WS_DEFAULT if hd <= 128 else WS_DEFAULT_WIDE
+    tiles = f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
+    (one,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", tiles, "--also", "consumers=2")
+    (two,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", tiles, "--also", "consumers=2",
+                   "--also", "pair_tiles=True")
+    assert two["kernel"] == "_attn_fwd_ws" and 1 in two["wait_groups"], two
+    assert abs(two["shared_bytes"] - one["shared_bytes"]) <= 64, (one, two)
+    assert two["registers"] <= WS_MAXNREG and two["spill_stores"] <= 32, two
+
+
 @pytest.mark.parametrize("hd, mask, gqa", [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)])
 def test_warp_specialized_backward_compiles_without_spilling(hd, mask, gqa):
     """The Gluon dK/dV and dQ passes (BwdConfig.consumers / dq_consumers) under the 168-register

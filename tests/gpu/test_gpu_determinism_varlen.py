@@ -109,10 +109,16 @@ def test_varlen_documents_are_isolated(deterministic):
             assert (g.float() - w.float()).abs().max() <= 1e-2 * w.float().abs().max(), name
 
 
-def test_varlen_gluon_forward_matches_reference_and_isolates():
-    """The warp-specialized Gluon forward on packed documents (a tuning choice, not the default:
-    it lost to the Triton kernel there), forced: every document within the flash-attn rule, and a
-    poisoned document leaves its neighbours' O and LSE bit for bit as in the clean run."""
+@pytest.mark.parametrize("consumers, pair", [(2, False), (2, True), (1, False), (1, True)],
+                         ids=["one-tile", "pair-tiles", "one-consumer", "one-consumer-pair"])
+def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair):
+    """The warp-specialized Gluon forward on packed documents, forced (one query tile per program,
+    or two mirrored ones of a document: FwdConfig.pair_tiles; two consumer warp groups or one):
+    every document within the
+    flash-attn rule, and a poisoned document leaves its neighbours' O and LSE bit for bit as in
+    the clean run."""
+    import dataclasses
+
     from attngen.kernels.common import MaskArgs, mask_kind
     from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
     from attngen.runtime import loader
@@ -124,15 +130,17 @@ def test_varlen_gluon_forward_matches_reference_and_isolates():
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 5)
     spec = KernelSpec("fwd", "bf16", "sm90", d, d, hq // hkv, "causal", varlen=True)
-    assert check_fwd(spec, WS_DEFAULT) is None
+    cfg = dataclasses.replace(WS_DEFAULT, pair_tiles=pair, consumers=consumers, block_m=64 * consumers,
+                              block_n=128 if consumers == 2 else 64)
+    assert check_fwd(spec, cfg) is None
     _, wl, wr = mask_kind(True, (-1, -1))
     mod, args = loader.load(spec), MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False)
 
     def run(q, k, v):
         out, lse = torch.full_like(q, float("nan")), torch.full((hq, q.shape[0]), float("nan"), device="cuda")
-        names = [la.fn.__name__ for la in fwd_launches(mod, spec, q, k, v, out, lse, args, WS_DEFAULT, cu, cu, max(lens))]
+        names = [la.fn.__name__ for la in fwd_launches(mod, spec, q, k, v, out, lse, args, cfg, cu, cu, max(lens))]
         assert names == ["_attn_fwd_ws"], names
-        attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu, cu, max(lens), args, WS_DEFAULT)
+        attn_fwd_varlen(mod, spec, q, k, v, out, lse, cu, cu, max(lens), args, cfg)
         return out, lse
 
     out, lse = run(q, k, v)

@@ -108,7 +108,14 @@ KNOBS = [dict(persistent=1), dict(persistent=2), dict(q_regs=True), dict(q_regs=
          # the warp-specialized Gluon forward's other rings (its default, 128-key blocks x 2, serves
          # test_forward_matches_float64_reference wherever it exists)
          dict(consumers=2, block_m=128, block_n=64, num_stages=4, q_regs=False),
-         dict(consumers=2, block_m=128, block_n=128, num_stages=1, q_regs=False)]
+         dict(consumers=2, block_m=128, block_n=128, num_stages=1, q_regs=False),
+         # two mirrored query tiles per program (ring positions and Q barrier phases run on
+         # across the tiles); 64-key blocks for hd192 / hd256
+         dict(consumers=2, block_m=128, block_n=128, num_stages=2, q_regs=False, pair_tiles=True),
+         dict(consumers=2, block_m=128, block_n=64, num_stages=2, q_regs=False, pair_tiles=True),
+         # one consumer warp group per program (two programs per SM), alone and paired
+         dict(consumers=1, block_m=64, block_n=64, num_stages=2, q_regs=False),
+         dict(consumers=1, block_m=64, block_n=64, num_stages=2, q_regs=False, pair_tiles=True)]
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda kn: "-".join(f"{k}{int(v)}" for k, v in kn.items()))

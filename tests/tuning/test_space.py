@@ -160,13 +160,15 @@ def test_config_from_dict_names_bad_fields():
 
 def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
     """Dense sm90 calls of head dim 64 / 128 / 192 / 256 without softcapping take the Gluon kernel
-    (FwdConfig.consumers; hd192 / hd256 on 64-key blocks: 128-key ones do not fit); packed
-    documents may (it lost there); softcapping, other head dims and sm80 do not."""
+    (FwdConfig.consumers; hd192 / hd256 on 64-key blocks: 128-key ones do not fit; causal hd256
+    with two mirrored query tiles per program); packed documents may (it lost there);
+    softcapping, other head dims and sm80 do not."""
     for d in (64, 128, 192, 256):
         want = space.WS_DEFAULT if d <= 128 else space.WS_DEFAULT_WIDE
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("fwd", "bf16", "sm90", d, d, 4, mask)
-            assert space.default_fwd_config(s, "cuda", 4096) == want, (d, mask)
+            paired = dataclasses.replace(want, pair_tiles=d == 256 and mask == "causal")
+            assert space.default_fwd_config(s, "cuda", 4096) == paired, (d, mask)
             assert space.check_fwd(s, want) is None
     assert space.check_fwd(KernelSpec("fwd", "bf16", "sm90", 256, 256, 1, "causal"),
                            space.WS_DEFAULT).startswith("needs ~")
@@ -198,6 +200,16 @@ def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
 def test_check_fwd_warp_specialized_forward(change, reason):
     cfg = dataclasses.replace(space.WS_DEFAULT, **change)
     assert space.check_fwd(spec(d=128), cfg).startswith(reason), space.check_fwd(spec(d=128), cfg)
+
+
+def test_pair_tiles_is_a_gluon_forward_knob():
+    assert space.check_fwd(spec(d=128), dataclasses.replace(space.WS_DEFAULT, pair_tiles=True)) is None
+    one = dataclasses.replace(space.WS_DEFAULT, consumers=1, block_m=64, block_n=64)  # two programs per SM
+    assert space.check_fwd(spec(d=128), one) is None
+    assert space.check_fwd(spec(d=128), dataclasses.replace(one, block_m=128)).startswith("consumers: each")
+    triton = FwdConfig(64, 64, 4, 3, tma=True, pair_tiles=True)
+    assert space.check_fwd(spec(d=128), triton).startswith("pair_tiles exists in the warp-specialized")
+    assert space.triton_fallback(dataclasses.replace(space.WS_DEFAULT, pair_tiles=True)).pair_tiles is False
 
 
 def test_triton_fallback_of_the_warp_specialized_forward():
