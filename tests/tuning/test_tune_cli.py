@@ -181,21 +181,26 @@ def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
     argv = [sys.executable, "-m", "attngen.cli", *tune_argv(db, trials=10)]
     p = subprocess.Popen(argv, env=_subprocess_env(ATTNGEN_FAKE_TIMER_SLEEP="0.4"), cwd=REPO_ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    n = 0
-    while time.monotonic() < deadline and p.poll() is None:
-        if db.exists():
-            try:
-                n = rows(db, "SELECT count(*) FROM attngen_trials WHERE status != 'invalid'")[0][0]
-            except sqlite3.OperationalError:
-                n = 0
-        if n >= 3:
-            break
-        time.sleep(0.05)
-    assert p.poll() is None, f"tune ended before Ctrl-C: {p.communicate()}"
-    time.sleep(0.2)  # most likely inside the fake timer's sleep, or the next trial's launch
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    try:
+        deadline = time.monotonic() + 60
+        n = 0
+        while time.monotonic() < deadline and p.poll() is None:
+            if db.exists():
+                try:
+                    n = rows(db, "SELECT count(*) FROM attngen_trials WHERE status != 'invalid'")[0][0]
+                except sqlite3.OperationalError:
+                    n = 0
+            if n >= 3:
+                break
+            time.sleep(0.05)
+        assert p.poll() is None, f"tune ended before Ctrl-C: {p.communicate()}"
+        time.sleep(0.2)  # most likely inside the fake timer's sleep, or the next trial's launch
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:  # a failed check must not leave the tuner running
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
     assert p.returncode == 130, (out[-3000:], err)
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
     before = check_consistent(db)
