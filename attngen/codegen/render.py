@@ -155,8 +155,7 @@ def ws_forward(spec: KernelSpec) -> bool:
     FwdConfig.consumers): sm90 family, dense calls and packed documents, no softcapping, the same
     head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
     softcapping and the other head dims keep the Triton kernels)."""
-    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap
-            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
+    return _ws_kernel(spec, "fwd", WS_HEAD_DIMS)
 
 
 WS_HEAD_DIMS = (64, 128, 192, 256)
@@ -167,11 +166,17 @@ def ws_backward(spec: KernelSpec) -> bool:
     BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
     softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV accumulators live in the consumers' registers: 64
     keys x the head dim, twice)."""
-    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
-            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
+    return _ws_kernel(spec, "bwd", WS_BWD_HEAD_DIMS)
 
 
 WS_BWD_HEAD_DIMS = (64, 128)
+
+
+def _ws_kernel(spec: KernelSpec, family: str, head_dims: tuple) -> bool:
+    """A Gluon kernel of `family` exists for `spec`: sm90, no softcapping, one head dim for Q, K
+    and V among `head_dims`."""
+    return (spec.family == family and spec.target == "sm90" and not spec.softcap
+            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in head_dims)
 
 
 # How the sm90 TMA kernels keep packed documents apart (a tile that runs past its document's end

@@ -400,11 +400,16 @@ def forward_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0)
     return plan
 
 
-def forward_impl(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0):
-    """(out, lse) in the caller's layout; the body of the forward op."""
+def checked_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0) -> ForwardPlan:
+    """forward_plan of a validated call, packed documents' cu_seqlens values checked first."""
     if opts.layout == "packed":
         check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
-    return forward_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k).run(q, k, v, cu_q, cu_k)
+    return forward_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k)
+
+
+def forward_impl(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0):
+    """(out, lse) in the caller's layout; the body of the forward op."""
+    return checked_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k).run(q, k, v, cu_q, cu_k)
 
 
 def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None, cu_k=None,
@@ -580,9 +585,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                      opts, bool(deterministic))
     elif _wants_grad(q, k, v):  # eager: the autograd Function, as attention()'s (the custom op
         # costs more host time than the kernels of a short call take on the GPU)
-        check_cu_values(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q,
-                        max_seqlen_k, q.device)
-        plan = forward_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        plan = checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic), cu_seqlens_q,
                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
