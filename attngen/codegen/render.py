@@ -114,7 +114,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
                      options: dict | None = None) -> dict:
     """Everything the templates read. options: codegen choices for A/B runs
     (benchmarks/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
-    "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off"}; the build always uses
+    "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off", "tile_order": "grouped" |
+    "lpt", "dq_reverse": "off" | "on"}; the build always uses
     the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
@@ -122,6 +123,11 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     # +4-5 %, hd128 up to -24 % under spills; benchmarks/README.md)
     dp_first = {"auto": spec.pad_qk <= 64, "on": True, "off": False}[options.get("dp_first", "auto")]
     doc_guard = _doc_guard(spec, options.get("doc_guard", "auto"))
+    # the Triton forward TMA kernel's program order: "grouped" (the blocks of one (batch, head) or
+    # document side by side, sharing K / V in L2) or "lpt" (every one's heaviest block first)
+    tile_order = options.get("tile_order", "grouped")
+    # the Triton dQ passes under a mask: heaviest query blocks (the last ones) first
+    dq_reverse = {"on": True, "off": False}[options.get("dq_reverse", "off")]
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {
@@ -147,6 +153,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "doc_zero": doc_guard == "zero",
         "ws_fwd": ws_forward(spec),
         "ws_bwd": ws_backward(spec),
+        "tile_order": tile_order,
+        "dq_reverse": dq_reverse,
     }
 
 
@@ -164,12 +172,15 @@ WS_HEAD_DIMS = (64, 128, 192, 256)
 def ws_backward(spec: KernelSpec) -> bool:
     """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
     BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
-    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV accumulators live in the consumers' registers: 64
-    keys x the head dim, twice)."""
+    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
+    accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
+    per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""
     return _ws_kernel(spec, "bwd", WS_BWD_HEAD_DIMS)
 
 
-WS_BWD_HEAD_DIMS = (64, 128)
+# hd192 is two column tiles (128 + 64) in this family; the Gluon backward takes one tile per
+# operand, so it keeps the Triton passes
+WS_BWD_HEAD_DIMS = (64, 128, 256)
 
 
 def _ws_kernel(spec: KernelSpec, family: str, head_dims: tuple) -> bool:

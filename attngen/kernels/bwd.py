@@ -82,7 +82,8 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             # not bound per document (the views above checked that the copy engine can address all)
             if ws_descs is not None:
                 launches = [pre, Launch(mod._attn_bwd_dkdv_ws, dkdv_grid,
-                                        {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
+                                        {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS,
+                                         "ROLES": cfg.roles},
                                         cfg.num_warps, 1, host_part(ws_descs, packed, ("desc_k", "desc_v")),
                                         scratch=packed, maxnreg=WS_MAXNREG)]
             else:
@@ -119,8 +120,8 @@ def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:
 
 def _ws_views(cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
-    one consumer's keys."""
-    n = cfg.block_n // cfg.consumers
+    one consumer's keys (all block_n with roles)."""
+    n = cfg.block_n if cfg.roles else cfg.block_n // cfg.consumers
     return _gluon_views(packed, ("q", "Q", q, cfg.block_m), ("do", "DO", dout, cfg.block_m), ("k", "K", k, n),
                         ("v", "V", v, n), ("dk", "DK", dk, n), ("dv", "DV", dv, n))
 

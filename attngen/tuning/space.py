@@ -86,6 +86,11 @@ class BwdConfig:
     # the same for the dQ pass (_attn_bwd_dq_ws): the producer warp streams K / V blocks of
     # dq_block_n keys, `dq_consumers` warp groups own dq_block_m // dq_consumers query rows each
     dq_consumers: int = 0
+    # the Gluon dK/dV pass (consumers = 2): both consumer warp groups own all block_n keys and split
+    # each query block's work by role -- one computes P^T and dV, the other dP^T, dS^T and dK, P^T
+    # handed over through shared memory -- instead of block_n // 2 keys each with both
+    # accumulators. One fp32 accumulator per consumer: the head dims past 128 fit (192, 256)
+    roles: bool = False
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -205,6 +210,8 @@ def bwd_smem_bytes(spec: KernelSpec, cfg: BwdConfig) -> tuple[int, int]:
     dkdv = 2 * d * (cfg.block_n + cfg.num_stages * cfg.block_m) + 8 * (cfg.num_stages - 1) * cfg.block_m
     if cfg.atomic_dq:  # the fp32 dQ tile goes through shared memory (hd256 64x64 s2: 263168, H200)
         dkdv += 4 * cfg.block_m * dqk
+    if cfg.roles:  # the fp32 P^T tile one consumer hands the other
+        dkdv += 4 * cfg.block_n * cfg.block_m
     dq = 2 * d * (cfg.dq_block_m + cfg.dq_num_stages * cfg.dq_block_n)
     return dkdv, dq
 
@@ -225,13 +232,22 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
         return "consumers / dq_consumers are 0 (the Triton kernels) or 2 (two consumer warp groups)"
     if not cfg.tma or cfg.atomic_dq:
         return "consumers / dq_consumers need tma and a dQ pass of its own (not atomic_dq)"
+    wide = max(spec.head_dim_qk, spec.head_dim_v) > 128
     if cfg.consumers:
         if cfg.split_dkdv:
             return "consumers: the Gluon dK/dV pass computes dK and dV in one launch (no split_dkdv)"
-        if cfg.block_n != 64 * cfg.consumers or cfg.num_warps != 4:
+        if wide and not cfg.roles:
+            return ("consumers: past head dim 128 the Gluon dK/dV pass needs roles (one accumulator per "
+                    "consumer; dK and dV of 64 keys do not fit one warp group's registers)")
+        if cfg.roles and (cfg.block_n != 64 or cfg.num_warps != 4):
+            return "roles: both consumers own the program's 64 keys (block_n = 64, num_warps = 4)"
+        if not cfg.roles and (cfg.block_n != 64 * cfg.consumers or cfg.num_warps != 4):
             return "consumers: each consumer is one warp group of 64 keys (block_n = 64 x consumers, num_warps = 4)"
         if cfg.block_m != 64:
             return "consumers: block_m (the query rows of one ring slot) is 64"
+    if cfg.dq_consumers and wide:
+        return ("dq_consumers: the Gluon dQ pass holds Q and dO in registers, up to head dim 128 "
+                "(wider ones keep the Triton dQ pass)")
     if cfg.dq_consumers:
         if cfg.dq_block_m != 64 * cfg.dq_consumers or cfg.dq_num_warps != 4:
             return ("dq_consumers: each consumer is one warp group of 64 query rows "
@@ -245,7 +261,9 @@ def bwd_triton_fallback(cfg: BwdConfig, dkdv: bool = True, dq: bool = True) -> B
     """The Triton kernels' config for a call the warp-specialized passes cannot take (a CPU
     tensor, rows the copy engine cannot address): the dK/dV pass (dkdv) with one consumer's keys per
     program, the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept."""
-    if dkdv and cfg.consumers:
+    if dkdv and cfg.consumers and cfg.roles:  # one accumulator per launch, as roles has per consumer
+        cfg = dataclasses.replace(cfg, consumers=0, roles=False, block_m=32, split_dkdv=True)
+    elif dkdv and cfg.consumers:
         cfg = dataclasses.replace(cfg, consumers=0, block_n=cfg.block_n // cfg.consumers)
     if dq and cfg.dq_consumers:
         cfg = dataclasses.replace(cfg, dq_consumers=0, dq_block_m=128, dq_num_warps=8)
@@ -271,6 +289,8 @@ def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
         return "dq_regs exists in the sm90 family's TMA dQ pass only (needs tma, not atomic_dq)"
     if cfg.split_dkdv and not cfg.tma:
         return "split_dkdv exists in the sm90 family's TMA dK/dV kernel only (needs tma)"
+    if cfg.roles and not cfg.consumers:
+        return "roles splits the Gluon dK/dV pass's work between its consumers (needs consumers = 2)"
     if cfg.consumers or cfg.dq_consumers:
         why = check_ws_bwd(spec, cfg)
         if why:
@@ -447,6 +467,11 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
 # 386; hd64 causal 328 -> 368 with the Gluon dK/dV pass, 353 with both (its dQ pass stays Triton's)
 WS_BWD_DEFAULT = BwdConfig(64, 128, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2)
 WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2)
+# hd256: the Gluon dK/dV pass with split roles (64 keys per program, one consumer computing P^T and
+# dV, the other dP^T, dS^T and dK) and the Triton TMA dQ pass: causal B2 H16 S4096 377 vs 247
+# TFLOP/s backward-only for the split Triton dK / dV launches; on hd128 roles lose to the default
+# (causal 368 vs 448, GQA 32/8 399 vs 429; h200_ab_bwd_roles_2026-12-01.json)
+WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 
@@ -467,7 +492,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
     if tma:
-        ws = WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
+        ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if check_bwd(spec, ws) is None:
             return ws
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)

@@ -500,7 +500,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     # bounded per document: Q and dO in the dK/dV pass, K and V in the dQ pass
     assert "WS_BWD = True" in docs and docs.count("tma.make_tensor_descriptor(") == 2 + 2
     for other in (dense.replace(softcap=True), dense.replace(head_dim_qk=96, head_dim_v=96),
-                  dense.replace(head_dim_qk=256, head_dim_v=256), dense.replace(target="sm80")):
+                  dense.replace(head_dim_qk=192, head_dim_v=192), dense.replace(target="sm80")):
         text = render(other)
         assert "WS_BWD = False" in text and "gluon" not in text, other
 
@@ -520,3 +520,34 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     # atomic dQ (non-deterministic calls asking for it) never reaches the Gluon passes
     names = [la.fn.__name__ for la in bwd_launches(mod, dense, q, k, v, *bufs, args, WS_BWD_DEFAULT, True, gluon=True)]
     assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma"], names
+    assert dkdv.values["ROLES"] is False
+
+
+def test_backward_with_split_roles_launches_one_program_per_64_keys():
+    """hd256 (BwdConfig.roles, its default): the Gluon dK/dV pass with both consumers on a
+    program's 64 keys (K / V / dK / dV descriptors of 64 rows, one program per 64 keys) and the
+    Triton TMA dQ pass; on CPU tensors the split Triton dK / dV launches instead."""
+    import torch
+
+    from attngen.kernels.bwd import bwd_launches
+    from attngen.kernels.common import MaskArgs
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import WS_BWD_ROLES, default_bwd_config
+
+    spec = KernelSpec("bwd", "bf16", "sm90", 256, 256, 2, "causal")
+    assert default_bwd_config(spec, "cuda") == WS_BWD_ROLES
+    q, dout = (torch.randn(1, 4, 200, 256, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, 2, 200, 256, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(1, 4, 200)
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    mod = loader.load(spec)
+    assert mod.WS_BWD is True
+    _, dkdv, dq = bwd_launches(mod, spec, q, k, v, *bufs, args, WS_BWD_ROLES, False, gluon=True)
+    assert (dkdv.fn.__name__, dq.fn.__name__) == ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")
+    assert dkdv.values["ROLES"] is True and dkdv.values["BLOCK_N"] == 64 and dkdv.grid == 4 * 2
+    blocks = {name: d[3] for name, d in dkdv.descriptors.items()}
+    assert blocks["desc_k"][2] == blocks["desc_dv"][2] == 64 and blocks["desc_q"][2] == 64, blocks
+    names = [la.fn.__name__ for la in bwd_launches(mod, spec, q, k, v, *bufs, args, WS_BWD_ROLES, False)]
+    assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"], names

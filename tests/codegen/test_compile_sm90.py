@@ -96,3 +96,22 @@ def test_warp_specialized_backward_compiles_without_spilling(hd, mask, gqa):
     for r in (dkdv, dq):
         assert r["registers"] <= WS_MAXNREG and r["spill_stores"] <= 32, r
     assert 2 in dq["wait_groups"] and 1 in dkdv["wait_groups"], (dkdv, dq)
+
+
+@pytest.mark.parametrize("mask, gqa", [("causal", 1), ("sliding_window", 2)])
+def test_backward_with_split_roles_compiles_without_spilling_at_hd256(mask, gqa):
+    """BwdConfig.roles at hd256 (its default): each consumer holds one fp32 accumulator of 64 keys
+    x 256 (128 registers a thread) and stays under the 168-register launch cap without spilling;
+    its shared memory is the model's (K, V, two Q / dO slots, the fp32 P^T tile) up to barriers."""
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import WS_BWD_ROLES, WS_MAXNREG, bwd_smem_bytes
+
+    c = WS_BWD_ROLES
+    tiles = ",".join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages, c.dq_block_m, c.dq_block_n,
+                               c.dq_num_warps, c.dq_num_stages)))
+    runs = probe("bwd", "--hd", "256", "--mask", mask, "--gqa", str(gqa), "--config", tiles,
+                 "--also", "consumers=2", "--also", "roles=True")
+    (dkdv,) = [r for r in runs if r["kernel"] == "_attn_bwd_dkdv_ws"]
+    assert dkdv["registers"] <= WS_MAXNREG and dkdv["spill_stores"] == 0, dkdv
+    want = bwd_smem_bytes(KernelSpec("bwd", "bf16", "sm90", 256, 256, gqa, mask), c)[0]
+    assert want <= dkdv["shared_bytes"] <= want + 1024, (want, dkdv)

@@ -170,3 +170,31 @@ def test_ws_backward_matches_float64_reference(c: Shape, dkdv: int, dq: int, gpu
     assert ("_attn_bwd_dkdv_ws" in names) == bool(dkdv) and ("_attn_bwd_dq_ws" in names) == bool(dq), names
     grads = run.backward(cfg, deterministic=True)
     _check_and_record(c, f"bwd-ws-dkdv{dkdv}-dq{dq}", run.inputs, run.dout, grads, gpu_records, run.t0)
+
+
+# BwdConfig.roles: the Gluon dK/dV pass with both consumers on the same 64 keys, one computing P^T
+# and dV, the other dP^T, dS^T and dK -- the only Gluon dK/dV pass past hd128
+ROLES_CASES = [
+    Shape(BF16, 2, 4, 4, 1023, 1023, 256, causal=True),
+    Shape(FP16, 1, 4, 2, 113, 203, 256, causal=True),
+    Shape(BF16, 1, 4, 4, 203, 113, 256),
+    Shape(FP16, 1, 4, 1, 2049, 2049, 256, window=(255, 17)),
+    Shape(BF16, 1, 8, 2, 1023, 1023, 128, causal=True),
+    Shape(FP16, 1, 4, 4, 203, 4096, 64),
+]
+
+
+@pytest.mark.parametrize("c", ROLES_CASES, ids=lambda c: c.id)
+def test_ws_backward_roles_matches_float64_reference(c: Shape, gpu_records):
+    """The Gluon dK/dV pass with split roles, forced (and checked to be the kernel that ran), with
+    the rule above; the dQ pass is the default's (Triton's past hd128)."""
+    from attngen.tuning.space import check_bwd, default_bwd_config
+
+    run = _Sm90Run(c, "bwd-roles")
+    cfg = dataclasses.replace(default_bwd_config(run.spec), tma=True, atomic_dq=False, split_dkdv=False,
+                              block_m=64, block_n=64, num_warps=4, num_stages=2, consumers=2, roles=True)
+    assert check_bwd(run.spec, cfg) is None
+    names = run.kernel_names(cfg)
+    assert "_attn_bwd_dkdv_ws" in names and "_attn_bwd_dkdv_tma" not in names, names
+    grads = run.backward(cfg, deterministic=True)
+    _check_and_record(c, "bwd-ws-roles", run.inputs, run.dout, grads, gpu_records, run.t0)

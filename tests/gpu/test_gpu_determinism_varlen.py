@@ -153,3 +153,50 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair):
     out_bad, lse_bad = run(*bad)
     keep = torch.cat([torch.arange(0, lo), torch.arange(hi, sum(lens))]).cuda()
     assert torch.equal(out_bad[keep], out[keep]) and torch.equal(lse_bad[:, keep], lse[:, keep])
+
+
+def test_varlen_gluon_backward_roles_matches_reference_and_isolates():
+    """The Gluon dK/dV pass with split roles (BwdConfig.roles) on packed hd256 documents, forced:
+    every document's gradients within the gradient rule, and a poisoned document leaves its
+    neighbours' dK / dV bit for bit as in the clean run."""
+    import dataclasses
+
+    from attngen.kernels.bwd import attn_bwd_varlen, bwd_launches
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import check_bwd, default_bwd_config
+
+    lens = [1, 17, 113, 1023, 300, 64, 511]
+    hq, hkv, d = 4, 2, 256
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+    q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 6)
+    dout = torch.randn_like(q)
+    spec = KernelSpec("bwd", "bf16", "sm90", d, d, hq // hkv, "causal", varlen=True)
+    cfg = dataclasses.replace(default_bwd_config(spec), tma=True, split_dkdv=False, block_m=64, block_n=64,
+                              num_warps=4, num_stages=2, consumers=2, roles=True)
+    assert check_bwd(spec, cfg) is None
+    _, wl, wr = mask_kind(True, (-1, -1))
+    mod, args = loader.load(spec), MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False)
+
+    def run(q, k, v, dout):
+        out, lse = attngen.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True)
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        names = [la.fn.__name__ for la in bwd_launches(mod, spec, q, k, v, out, dout, lse, torch.empty_like(lse),
+                                                       *grads, args, cfg, False, cu, cu, max(lens), max(lens))]
+        assert "_attn_bwd_dkdv_ws" in names, names
+        attn_bwd_varlen(mod, spec, q, k, v, out, dout, lse, *grads, cu, cu, max(lens), max(lens), args, cfg, True)
+        torch.cuda.synchronize()
+        return out, lse, grads
+
+    out, lse, grads = run(q, k, v, dout)
+    _check_documents(lens, cu, (q, k, v), out, lse, dout, grads)
+    bad = [t.clone() for t in (q, k, v, dout)]
+    lo, hi = int(cu[3]), int(cu[4])  # document 3 poisoned
+    for t in bad:
+        t[lo:hi:3] = float("nan")
+        t[lo + 1:hi:3] = float("inf")
+    _, _, grads_bad = run(*bad)
+    keep = torch.cat([torch.arange(0, lo), torch.arange(hi, sum(lens))]).cuda()
+    for name, g, w in zip(("dq", "dk", "dv"), grads_bad, grads):
+        assert torch.equal(g[keep], w[keep]), f"{name}: a poisoned document changed its neighbours"

@@ -220,10 +220,11 @@ def test_triton_fallback_of_the_warp_specialized_forward():
 
 
 def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
-    """sm90 backward calls of head dim 64 / 128 without softcapping, dense or packed documents, take
-    the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which won
-    there); softcapping, other head dims, sm80 and the CPU do not."""
-    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT)):
+    """sm90 backward calls of head dim 64 / 128 / 256 without softcapping, dense or packed documents,
+    take the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which
+    won there; hd256 the dK/dV pass with split roles and the Triton dQ pass); softcapping, other head
+    dims, sm80 and the CPU do not."""
+    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT), (256, space.WS_BWD_ROLES)):
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
             assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
@@ -231,9 +232,11 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     assert space.WS_BWD_DEFAULT_HD64.dq_consumers == 0 and space.WS_BWD_DEFAULT.dq_consumers == 2
     docs = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
     assert space.default_bwd_config(docs, "cuda") == space.WS_BWD_DEFAULT  # packed documents too
+    assert space.default_bwd_config(docs.replace(head_dim_qk=256, head_dim_v=256), "cuda") == space.WS_BWD_ROLES
+    assert space.WS_BWD_ROLES.roles and space.WS_BWD_ROLES.dq_consumers == 0
     for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("bwd", "bf16", "sm90", 96, 96, 1, "causal"),
-              KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal"),
+              KernelSpec("bwd", "bf16", "sm90", 192, 192, 1, "causal"),
               KernelSpec("bwd", "bf16", "sm80", 128, 128, 1, "causal")):
         cfg = space.default_bwd_config(s, "cuda")
         assert cfg.consumers == cfg.dq_consumers == 0, s
@@ -262,6 +265,26 @@ def test_check_bwd_warp_specialized_backward(change, reason):
     assert (space.check_bwd(s, cfg) or "").startswith(reason), space.check_bwd(s, cfg)
 
 
+@pytest.mark.parametrize("d, change, reason", [
+    (256, dict(roles=False, block_n=128), "consumers: past head dim 128 the Gluon dK/dV pass needs roles"),
+    (256, dict(block_n=128), "roles: both consumers own the program's 64 keys"),
+    (256, dict(num_warps=8), "roles: both consumers own the program's 64 keys"),
+    (256, dict(dq_consumers=2, dq_block_m=128), "dq_consumers: the Gluon dQ pass holds Q and dO in registers"),
+    (256, dict(num_stages=3), "dK/dV: needs ~"),  # K, V, P^T and three 64-row Q / dO slots
+    (128, dict(consumers=0, dq_consumers=0), "roles splits the Gluon dK/dV pass's work"),
+    (128, dict(), None),  # a knob there too (it loses to the default on hd128)
+])
+def test_check_bwd_roles(d, change, reason):
+    """BwdConfig.roles: the only Gluon dK/dV pass past hd128 (its two consumers own the same 64
+    keys), and the shared-memory model counts its P^T tile: two 64-row stages fit at hd256
+    (K, V, 2 x Q / dO, fp32 P^T: 213504 B; the H200 compile asked for 214480), three do not."""
+    s = KernelSpec("bwd", "bf16", "sm90", d, d, 1, "causal")
+    cfg = dataclasses.replace(space.WS_BWD_ROLES, **change)
+    got = space.check_bwd(s, cfg)
+    assert (got or "").startswith(reason) if reason else got is None, got
+    assert space.bwd_smem_bytes(KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal"), space.WS_BWD_ROLES)[0] == 213504
+
+
 def test_triton_fallback_of_the_warp_specialized_backward():
     s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
     fb = space.bwd_triton_fallback(space.WS_BWD_DEFAULT)
@@ -271,3 +294,6 @@ def test_triton_fallback_of_the_warp_specialized_backward():
     assert only_dq.consumers == 2 and only_dq.dq_consumers == 0 and space.check_bwd(s, only_dq) is None
     plain = BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=True)
     assert space.bwd_triton_fallback(plain) is plain
+    # split roles fall back to the split Triton dK / dV launches (one accumulator each), hd256's
+    wide = space.bwd_triton_fallback(space.WS_BWD_ROLES)
+    assert wide == space.default_bwd_config(KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal", softcap=True))
