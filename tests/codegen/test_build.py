@@ -477,17 +477,29 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
         assert launch.grid == programs and launch.values["num_m_blocks"] == 5, launch.grid
 
 
+def _causal_bwd_call(hq: int, hkv: int, seqlen: int, d: int):
+    """CPU tensors of one causal bf16 backward call (batch 1) for bwd_launches: q, k, v, the
+    (out, dout, lse, delta, dq, dk, dv) buffers, the mask values."""
+    import torch
+
+    from attngen.kernels.common import MaskArgs
+
+    q, dout = (torch.randn(1, hq, seqlen, d, dtype=torch.bfloat16) for _ in range(2))
+    k, v = (torch.randn(1, hkv, seqlen, d, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = torch.empty_like(q), torch.empty(1, hq, seqlen)
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    return q, k, v, bufs, args
+
+
 def test_warp_specialized_backward_is_generated_where_it_exists():
-    """sm90 backward kernels of head dim 64 / 128 without softcapping carry the Gluon dK/dV and dQ
+    """sm90 backward kernels of head dim 64 / 128 (and 256) without softcapping carry the Gluon dK/dV and dQ
     passes (WS_BWD), packed documents too (descriptors per document); softcapping, other head dims
     and sm80 do not import Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
     does not run Gluon), with the fallback's tiles; asked for Gluon (as the compile probe does),
     it launches both Gluon passes."""
-    import torch
-
     from attngen.codegen.render import render
     from attngen.kernels.bwd import bwd_launches
-    from attngen.kernels.common import MaskArgs
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.tuning.space import WS_BWD_DEFAULT, bwd_triton_fallback
@@ -504,11 +516,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
         text = render(other)
         assert "WS_BWD = False" in text and "gluon" not in text, other
 
-    q, dout = (torch.randn(1, 4, 33, 128, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, 1, 33, 128, dtype=torch.bfloat16) for _ in range(2))
-    out, lse = torch.empty_like(q), torch.empty(1, 4, 33)
-    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
-    bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    q, k, v, bufs, args = _causal_bwd_call(4, 1, 33, 128)
     mod = loader.load(dense)
     pre, dkdv, dq = bwd_launches(mod, dense, q, k, v, *bufs, args, WS_BWD_DEFAULT, False)
     fb = bwd_triton_fallback(WS_BWD_DEFAULT)
@@ -527,21 +535,14 @@ def test_backward_with_split_roles_launches_one_program_per_64_keys():
     """hd256 (BwdConfig.roles, its default): the Gluon dK/dV pass with both consumers on a
     program's 64 keys (K / V / dK / dV descriptors of 64 rows, one program per 64 keys) and the
     Triton TMA dQ pass; on CPU tensors the split Triton dK / dV launches instead."""
-    import torch
-
     from attngen.kernels.bwd import bwd_launches
-    from attngen.kernels.common import MaskArgs
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.tuning.space import WS_BWD_ROLES, default_bwd_config
 
     spec = KernelSpec("bwd", "bf16", "sm90", 256, 256, 2, "causal")
     assert default_bwd_config(spec, "cuda") == WS_BWD_ROLES
-    q, dout = (torch.randn(1, 4, 200, 256, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, 2, 200, 256, dtype=torch.bfloat16) for _ in range(2))
-    out, lse = torch.empty_like(q), torch.empty(1, 4, 200)
-    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
-    bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    q, k, v, bufs, args = _causal_bwd_call(4, 2, 200, 256)
     mod = loader.load(spec)
     assert mod.WS_BWD is True
     _, dkdv, dq = bwd_launches(mod, spec, q, k, v, *bufs, args, WS_BWD_ROLES, False, gluon=True)
