@@ -89,7 +89,8 @@ class BwdConfig:
     # the Gluon dK/dV pass (consumers = 2): both consumer warp groups own all block_n keys and split
     # each query block's work by role -- one computes P^T and dV, the other dP^T, dS^T and dK, P^T
     # handed over through shared memory -- instead of block_n // 2 keys each with both
-    # accumulators. One fp32 accumulator per consumer: the head dims past 128 fit (192, 256)
+    # accumulators. One fp32 accumulator per consumer, so hd256 fits (hd192, two column tiles in
+    # this family, keeps the Triton passes)
     roles: bool = False
 
     def as_dict(self) -> dict:
@@ -260,7 +261,8 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
 def bwd_triton_fallback(cfg: BwdConfig, dkdv: bool = True, dq: bool = True) -> BwdConfig:
     """The Triton kernels' config for a call the warp-specialized passes cannot take (a CPU
     tensor, rows the copy engine cannot address): the dK/dV pass (dkdv) with one consumer's keys per
-    program, the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept."""
+    program (with roles: dK and dV from two launches of 32-query steps, one accumulator each, the
+    hd256 Triton default), the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept."""
     if dkdv and cfg.consumers and cfg.roles:  # one accumulator per launch, as roles has per consumer
         cfg = dataclasses.replace(cfg, consumers=0, roles=False, block_m=32, split_dkdv=True)
     elif dkdv and cfg.consumers:
