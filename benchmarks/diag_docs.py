@@ -75,19 +75,13 @@ def host_profile(out: dict, name: str, steps: int = 40) -> None:
     import cProfile
     import io
     import pstats
-    import time
+
+    from launch_overhead import host_us  # benchmarks/: the script's own folder
 
     case = CASES_BY_NAME[name]
     x = make_inputs(case, torch.bfloat16, torch.device("cuda"), "fwdbwd")
     step = make_step(_prepare_attngen(case, x, "fwdbwd"), "fwdbwd")
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    host = (time.perf_counter() - t0) / steps
-    torch.cuda.synchronize()
+    host = host_us(step, steps)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -96,9 +90,9 @@ def host_profile(out: dict, name: str, steps: int = 40) -> None:
     torch.cuda.synchronize()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
-    out.setdefault(name, {})["host_us_per_step"] = host * 1e6
+    out.setdefault(name, {})["host_us_per_step"] = host
     out[name]["cprofile"] = buf.getvalue()
-    print(name, "host us/step", round(host * 1e6, 1), flush=True)
+    print(name, "host us/step", round(host, 1), flush=True)
     print(buf.getvalue()[:6000], flush=True)
 
 
