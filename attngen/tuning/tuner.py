@@ -29,9 +29,11 @@ import importlib.util
 import itertools
 import json
 import math
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -381,6 +383,7 @@ class Tuner:
         self.probe = probe if probe is not None else (load_ref(opts.probe_ref) if opts.probe_ref else None)
         self.progress = progress
         self.url = opts.url
+        self.interrupt = Interrupt()  # tune() installs it as the SIGINT handler
 
     # -- checks before any work --
     def device_info(self) -> DeviceInfo:
@@ -474,6 +477,7 @@ class Tuner:
             with store.session() as s:
                 device_id = dbs.find_or_add_device(s, info.as_record(self.opts.device)).id
             for i, t in enumerate(targets):
+                self.interrupt.check()
                 if deadline is not None and time.monotonic() >= deadline:
                     self.progress.say(f"--timeout reached: {len(targets) - i} studies left "
                                       f"(--resume continues)")
@@ -594,6 +598,7 @@ class Tuner:
             return outcome.time_ms
 
         def stop(study_, _trial) -> None:
+            self.interrupt.check()  # a Ctrl-C Python swallowed during the trial stops the run here
             if (measured() >= budget or len(study_.trials) >= cap
                     or (deadline is not None and time.monotonic() >= deadline)):
                 study_.stop()
@@ -619,6 +624,35 @@ class Tuner:
         return report
 
 
+class Interrupt:
+    """Ctrl-C during a tuning run. As SIGINT's handler (a context manager, main thread only) it
+    raises KeyboardInterrupt as Python's own handler does, and also records it: an interrupt that
+    lands where Python swallows exceptions (a weakref or garbage-collection callback prints
+    "Exception ignored" and carries on) still stops the run at the next trial boundary (check)."""
+
+    def __init__(self):
+        self.hit = False
+        self._previous = None
+
+    def __enter__(self) -> Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _handler(self, signum, frame) -> None:
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.hit:
+            raise KeyboardInterrupt
+
+
 # ------------------------------------------------------------------------------------------------
 # Entry points
 
@@ -641,7 +675,8 @@ def tune(opts: TuneOptions, timer=None, probe=None) -> int:
     try:
         targets = plan(opts)
         tuner.progress = RichProgress(len(targets)) if live else Progress(prefix, opts.quiet)
-        reports = tuner.run()
+        with tuner.interrupt:
+            reports = tuner.run()
     except KeyboardInterrupt:
         print(f"{prefix}interrupted: every finished trial is in {schema.redact(opts.url)}; "
               f"`attngen tune ... --resume` continues", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ children) or to attngen.tuning.tuner.tune() as objects."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 from attngen.tuning.devices import DeviceInfo
@@ -50,3 +51,25 @@ def timer(step, config, problem) -> float:
     if config.get("block_n") == 32 and config.get("num_stages") == 4:
         raise FakeOutOfResources("out of resource: shared memory (fake)")
     return fake_ms(config)
+
+
+_CALLS = [0]
+
+
+class _SigintOnDelete:
+    """Sends this process SIGINT from inside __del__: the KeyboardInterrupt its handler raises
+    there is one Python swallows ("Exception ignored in ..."), as when Ctrl-C lands in a garbage
+    collection callback."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, still inside __del__
+
+
+def timer_swallowed_interrupt(step, config, problem) -> float:
+    """timer() whose third call is hit by a Ctrl-C that Python swallows."""
+    _CALLS[0] += 1
+    if _CALLS[0] == 3:
+        obj = _SigintOnDelete()
+        del obj
+    return timer(step, config, problem)

@@ -211,6 +211,21 @@ def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
     assert {t["uid"] for t in before} <= {t["uid"] for t in after}
 
 
+def test_ctrl_c_that_python_swallows_still_stops_the_run(tmp_path):
+    """A Ctrl-C whose KeyboardInterrupt lands where Python swallows it (here a __del__; in the
+    wild a weakref callback of the garbage collector) still ends the run at the next trial
+    boundary with exit code 130 and a consistent database, instead of tuning on to exit 0."""
+    db = tmp_path / "s.sqlite"
+    argv = [sys.executable, "-m", "attngen.cli", *tune_argv(db, trials=10)]
+    argv[argv.index(f"{FAKES}:timer")] = f"{FAKES}:timer_swallowed_interrupt"
+    res = subprocess.run(argv, env=_subprocess_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert "Exception ignored" in res.stderr and "KeyboardInterrupt" in res.stderr, res.stderr[-3000:]
+    assert res.returncode == 130, (res.stdout[-3000:], res.stderr[-3000:])
+    assert "interrupted" in res.stderr and "--resume" in res.stderr
+    trials = check_consistent(db)
+    assert 3 <= len({json.dumps(t["config"]) for t in trials if t["status"] != "invalid"}) < 10
+
+
 def test_two_workers_share_one_storage(tmp_path, capfd):
     db = tmp_path / "w.sqlite"
     assert cli(tune_argv(db, "--workers", "2", trials=6)) == 0
