@@ -136,6 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
     ap.add_argument("--gqa", type=int, default=1)
+    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd only: two of 256 tokens)")
     ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
     ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
@@ -146,7 +147,7 @@ def main(argv=None) -> int:
     cls = FwdConfig if args.family == "fwd" else BwdConfig
     cfg = parse_config(",".join([args.config, *args.also]), cls)
     switch = dict(s.split("=", 1) for s in args.switch)
-    spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask)
+    spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask, varlen=args.varlen)
     tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))
     mod = module_for(spec, switch, tmp)
 
@@ -161,7 +162,11 @@ def main(argv=None) -> int:
     _, wl, wr = mask_kind(causal, wsz)
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
-    if args.family == "fwd":
+    if args.family == "fwd" and args.varlen:
+        packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
+        cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
+        launches = fwd_launches(mod, spec, *packed, torch.empty(Hq, S), margs, cfg, cu, cu, S // 2, gluon=True)
+    elif args.family == "fwd":
         launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True)
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),

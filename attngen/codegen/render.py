@@ -84,7 +84,7 @@ def _check_sources(spec: KernelSpec, sources: tuple[str, ...]) -> None:
 # Int kernel parameters that follow sequence lengths. Triton specializes an int argument on its
 # value (divisible by 16, equal to 1), so each would compile the kernel again when a length moves:
 # they are passed unspecialized. LSE / delta strides follow Sq (or the packed length).
-LENGTH_INTS = ("seqlen_q", "seqlen_k", "num_m_blocks", "num_n_blocks", "diag_offset", "window_left",
+LENGTH_INTS = ("seqlen_q", "seqlen_k", "num_m_blocks", "num_n_blocks", "num_items", "diag_offset", "window_left",
                "window_right", "stride_lz", "stride_lh", "stride_lm")
 
 

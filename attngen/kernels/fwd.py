@@ -10,7 +10,8 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig, triton_fallback
+from attngen.tuning.space import (EVEN_DOCS, WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig,
+                                  triton_fallback)
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -46,15 +47,21 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
               and (q.device.type == "cuda" if gluon is None else gluon))
+    if packed and cfg.persistent and q.shape[0] < EVEN_DOCS * rows * (bh // Hq):
+        use_ws = False  # documents of uneven length: the persistent walk would be unbalanced
     if use_ws and rows and bh:
         descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out, packed))
         if descs is not None:
-            values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS,
-                          PAIR=bool(cfg.pair_tiles), CONSUMERS=cfg.consumers)
             prog_blocks = (blocks + 1) // 2 if cfg.pair_tiles else blocks
-            # packed documents: host descriptors for Q and K; V per document inside the kernel
-            return [Launch(mod._attn_fwd_ws, programs(prog_blocks, bh, "q"), values, cfg.num_warps, 1,
-                           host_part(descs, packed, ("desc_q", "desc_k")), scratch=packed,
+            items = prog_blocks * bh
+            values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS,
+                          PAIR=bool(cfg.pair_tiles), PERSIST=bool(cfg.persistent), CONSUMERS=cfg.consumers,
+                          num_items=items)
+            grid = min(items, sm_count(q.device)) if cfg.persistent else programs(prog_blocks, bh, "q")
+            # packed documents: host descriptors for Q, K and V from each document's first row; O
+            # through pointer stores
+            return [Launch(mod._attn_fwd_ws, grid, values, cfg.num_warps, 1,
+                           host_part(descs, packed, ("desc_q", "desc_k", "desc_v")),
                            maxnreg=cfg.maxnreg or (WS_MAXNREG if cfg.consumers == 2 else WS_MAXNREG_ONE))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)

@@ -31,6 +31,8 @@ class FwdConfig:
     # (h200_ab_softmax_2026-11-30.json)
     lazy_rescale: bool = False
     # sm90 TMA kernel: 0 = one program per tile; n > 0 = n programs per SM, each looping over tiles
+    # (the Gluon kernel: 0 or 1; its producer then loads the next tile's Q and K / V during the
+    # current tile's last blocks and epilogue)
     persistent: int = 0
     # sm90 TMA kernel: the Q tile held in registers for Q.K^T (wgmma's A operand from registers)
     # instead of read from shared memory for every key block
@@ -144,8 +146,10 @@ def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return "consumers: each consumer is one warp group of 64 query rows (block_m = 64 x consumers, num_warps = 4)"
     if cfg.block_n not in (64, 128):
         return "consumers: block_n is 64 or 128"
-    if cfg.q_regs or cfg.persistent or cfg.warp_specialize or cfg.lazy_rescale:
-        return "consumers: q_regs, persistent, warp_specialize and lazy_rescale are Triton-kernel knobs"
+    if cfg.q_regs or cfg.warp_specialize or cfg.lazy_rescale:
+        return "consumers: q_regs, warp_specialize and lazy_rescale are Triton-kernel knobs"
+    if cfg.persistent not in (0, 1):
+        return "consumers: persistent is 0 (one program per work item) or 1 (one program per SM)"
     return None
 
 
@@ -386,12 +390,15 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
-        # packed documents keep the Triton kernel: the Gluon one lost there (8 causal 1024-token
-        # documents, GQA 32/8: 308 vs 347 TFLOP/s; 8 uneven documents 365 vs 399), its
+        # packed documents: one Gluon program per item lost to the Triton kernel (8 causal
+        # 1024-token documents, GQA 32/8: 308 vs 347 TFLOP/s; 8 uneven documents 365 vs 399), its
         # one-program-per-SM prologue and epilogue exposed on short documents
-        # (h200_ab_varlen_ws2_2026-12-01.json)
-        # (pairing and one-consumer programs did not change that: best 337 and 343, 351 with V
-        # through a host descriptor; h200_ab_fwd_pair_2026-12-01.json)
+        # (h200_ab_varlen_ws2_2026-12-01.json; pairs and one-consumer programs: best 337 and 343,
+        # h200_ab_fwd_pair_2026-12-01.json). One persistent program per SM walking mirrored
+        # pairs won where the documents are of about equal length (WS_DOCS, hd128 only measured);
+        # elsewhere the launcher gives the call to the Triton kernel (EVEN_DOCS)
+        if spec.varlen and d == 128 and check_fwd(spec, WS_DOCS) is None:
+            return WS_DOCS
         if not spec.varlen and check_fwd(spec, ws) is None:
             if d > 192 and spec.mask == "causal":
                 # two mirrored query tiles per program: causal hd256 B2 H16 S4096 653 vs 618
@@ -424,6 +431,19 @@ WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)
 # (h200_ab_ws_2026-12-01.json); causal hd192 B4 H16 S4096: 572 (573 with 3 stages) vs 471, cuDNN
 # 618 (h200_ab_ws192_2026-12-01.json)
 WS_DEFAULT_WIDE = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
+# Packed documents, hd128: one program per SM (persistent) walking items of two mirrored query
+# tiles of one document (equal causal work per item), 64-key blocks, 2 stages; its producer loads the
+# next tile's Q and K / V during the current tile's last blocks and epilogue. 8 causal 1024-token
+# documents, GQA 32/8: 366 and 364 TFLOP/s vs 349 for the Triton kernel's default in the same run;
+# 3 stages 363; one item per program 343-346; one tile per item (block-major order) 301-332
+# (h200_ab_varlen_persist_2026-12-01.json). On 8 uneven documents (3000 ... 292 tokens) the static
+# walk is unbalanced (297 vs 399): see EVEN_DOCS.
+WS_DOCS = FwdConfig(128, 64, 4, 2, tma=True, consumers=2, pair_tiles=True, persistent=1)
+# A persistent Gluon forward over packed documents walks its items statically (program p takes
+# items p, p + programs, ...); items past a short document's end are empty, so with documents of
+# uneven length the heavy items crowd onto a few programs. The launcher gives such a call (mean
+# document length below this share of the longest) to the Triton kernels.
+EVEN_DOCS = 0.9
 
 
 def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:

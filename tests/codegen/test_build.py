@@ -433,7 +433,7 @@ def test_family_without_template_is_a_codegen_error(tmp_path):
 
 def test_warp_specialized_forward_is_generated_where_it_exists():
     """sm90 forward kernels of head dim 64 / 128 without softcapping carry the Gluon kernel
-    (WS_FWD), packed documents too (making their descriptors per document); softcapping, split head
+    (WS_FWD), packed documents too (host descriptors from each document's first row); softcapping, split head
     dims and sm80 do not even import Gluon.
     On a CPU tensor the launcher gives such a config to the Triton kernels (the interpreter does
     not run Gluon), with the fallback's tiles."""
@@ -451,7 +451,8 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     assert "WS_FWD = True" in src and "\ndef _attn_fwd_ws(" in src and "warp_specialize(" in src
     assert '@gluon.jit(do_not_specialize=["seqlen_q", "seqlen_k"' in src
     docs = render(dense.replace(varlen=True))
-    assert "WS_FWD = True" in docs and docs.count("tma.make_tensor_descriptor(") == 1  # V, bounded per document
+    # packed documents: host descriptors only (the V rows past a document's end zeroed in shared memory)
+    assert "WS_FWD = True" in docs and "tma.make_tensor_descriptor(" not in docs and "_attn_fwd_ws_fix_v" in docs
     for other in (dense.replace(softcap=True),
                   dense.replace(head_dim_qk=96, head_dim_v=96), dense.replace(target="sm80")):
         text = render(other)
@@ -475,6 +476,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
         (launch,) = fwd_launches(loader.load(dense), dense, q5, k5, v5, out5, lse5, args, cfg, gluon=True)
         assert launch.fn.__name__ == "_attn_fwd_ws" and launch.values["PAIR"] is pair, launch.values
         assert launch.grid == programs and launch.values["num_m_blocks"] == 5, launch.grid
+        assert launch.values["num_items"] == programs and launch.values["PERSIST"] is False
 
 
 def _causal_bwd_call(hq: int, hkv: int, seqlen: int, d: int):
@@ -552,3 +554,39 @@ def test_backward_with_split_roles_launches_one_program_per_64_keys():
     assert blocks["desc_k"][2] == blocks["desc_dv"][2] == 64 and blocks["desc_q"][2] == 64, blocks
     names = [la.fn.__name__ for la in bwd_launches(mod, spec, q, k, v, *bufs, args, WS_BWD_ROLES, False)]
     assert names == ["_attn_bwd_preprocess", "_attn_bwd_dkdv_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"], names
+
+
+def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_uneven_ones():
+    """WS_DOCS (the packed hd128 default): one program per SM (a CPU device counts 2) walking the
+    work items, mirrored pairs of 128-row tiles of each (document, head), V through a host
+    descriptor like Q and K; documents whose mean length is under EVEN_DOCS of the longest go to
+    the Triton kernels' packed default instead (the static walk would be unbalanced)."""
+    import torch
+
+    from attngen.kernels.common import MaskArgs
+    from attngen.kernels.fwd import fwd_launches
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+    from attngen.tuning.space import EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
+
+    spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
+    assert default_fwd_config(spec, "cuda", 1024) == WS_DOCS
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    mod = loader.load(spec)
+
+    def launches(lens):
+        t = sum(lens)
+        q, out = torch.randn(t, 8, 128, dtype=torch.bfloat16), torch.empty(t, 8, 128, dtype=torch.bfloat16)
+        k, v = (torch.randn(t, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+        cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
+        return fwd_launches(mod, spec, q, k, v, out, torch.empty(8, t), args, WS_DOCS, cu, cu, max(lens),
+                            gluon=True)
+
+    (la,) = launches([640, 640, 600])  # mean 627 of 640: even
+    assert la.fn.__name__ == "_attn_fwd_ws" and la.values["PERSIST"] is True and la.values["PAIR"] is True
+    assert la.values["num_items"] == 3 * 3 * 8 and la.grid == 2  # 5 tiles -> 3 pairs, 3 documents, 8 heads
+    assert sorted(la.descriptors) == ["desc_k", "desc_q", "desc_v"] and not la.scratch
+    assert 640 + 640 + 80 < EVEN_DOCS * 3 * 640 < 640 + 640 + 600
+    (la,) = launches([640, 640, 80])  # mean 453 of 640: uneven
+    fb = triton_fallback(WS_DOCS, spec)
+    assert la.fn.__name__ == "_attn_fwd_tma" and la.values["BLOCK_M"] == fb.block_m, la.fn

@@ -45,19 +45,19 @@ def test_forward_and_lse_are_bitwise_stable(kw):
         assert torch.equal(out, out0) and torch.equal(lse, lse0), "forward output moved: a race"
 
 
-def _check_documents(lens, cu, qkv, out, lse, dout=None, grads=None) -> None:
-    """Each packed causal document against the float64 reference: O by the flash-attn rule, the
-    LSE, and with dout the gradients by the gradient rule."""
+def _check_documents(lens, cu, qkv, out, lse, dout=None, grads=None, causal=True) -> None:
+    """Each packed document (causal, or no mask) against the float64 reference: O by the
+    flash-attn rule, the LSE, and with dout the gradients by the gradient rule."""
     d = qkv[0].shape[-1]
     for i, n in enumerate(lens):
         sl = slice(int(cu[i]), int(cu[i + 1]))
         bh = lambda t: t[sl].transpose(0, 1).unsqueeze(0)  # noqa: E731
-        ref, ref_lse = attention_ref(*(bh(t) for t in qkv), causal=True, scale=1 / math.sqrt(d))
-        pt, _ = attention_ref(*(bh(t) for t in qkv), causal=True, upcast=False, scale=1 / math.sqrt(d))
+        ref, ref_lse = attention_ref(*(bh(t) for t in qkv), causal=causal, scale=1 / math.sqrt(d))
+        pt, _ = attention_ref(*(bh(t) for t in qkv), causal=causal, upcast=False, scale=1 / math.sqrt(d))
         assert_flash_rule(f"doc{i}/out", bh(out), ref, pt, 2.0)
         assert_lse_close(f"doc{i}/lse", lse[:, sl].unsqueeze(0), ref_lse)
         if dout is not None:
-            check_grads(f"doc{i}", lambda *t, upcast: attention_ref(*t, causal=True, upcast=upcast,
+            check_grads(f"doc{i}", lambda *t, upcast: attention_ref(*t, causal=causal, upcast=upcast,
                                                                     scale=1 / math.sqrt(d))[0],
                         [bh(t) for t in qkv], bh(dout), [bh(g) for g in grads])
 
@@ -109,14 +109,20 @@ def test_varlen_documents_are_isolated(deterministic):
             assert (g.float() - w.float()).abs().max() <= 1e-2 * w.float().abs().max(), name
 
 
-@pytest.mark.parametrize("consumers, pair", [(2, False), (2, True), (1, False), (1, True)],
-                         ids=["one-tile", "pair-tiles", "one-consumer", "one-consumer-pair"])
-def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair):
+@pytest.mark.parametrize("consumers, pair, persistent, block_n, causal",
+                         [(2, False, 0, 128, True), (2, True, 0, 128, True), (1, False, 0, 64, True),
+                          (1, True, 0, 64, True), (2, False, 1, 128, True), (2, True, 1, 64, True),
+                          (1, True, 1, 64, True), (2, False, 1, 64, False), (2, False, 0, 128, False)],
+                         ids=["one-tile", "pair-tiles", "one-consumer", "one-consumer-pair", "persistent",
+                              "persistent-pair-64", "one-consumer-persistent-pair", "persistent-no-mask",
+                              "one-tile-no-mask"])
+def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair, persistent, block_n, causal):
     """The warp-specialized Gluon forward on packed documents, forced (one query tile per program,
-    or two mirrored ones of a document: FwdConfig.pair_tiles; two consumer warp groups or one):
-    every document within the
-    flash-attn rule, and a poisoned document leaves its neighbours' O and LSE bit for bit as in
-    the clean run."""
+    or two mirrored ones of a document: FwdConfig.pair_tiles; two consumer warp groups or one; one
+    program per work item or one per SM walking them: FwdConfig.persistent): every document within
+    the flash-attn rule, and a poisoned document leaves its neighbours' O and LSE bit for bit as
+    in the clean run. The documents' odd lengths put a key block past the end of most of them,
+    whose V rows the kernel zeroes in shared memory."""
     import dataclasses
 
     from attngen.kernels.common import MaskArgs, mask_kind
@@ -129,11 +135,11 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair):
     hq, hkv, d = 8, 2, 128
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 5)
-    spec = KernelSpec("fwd", "bf16", "sm90", d, d, hq // hkv, "causal", varlen=True)
+    spec = KernelSpec("fwd", "bf16", "sm90", d, d, hq // hkv, "causal" if causal else "none", varlen=True)
     cfg = dataclasses.replace(WS_DEFAULT, pair_tiles=pair, consumers=consumers, block_m=64 * consumers,
-                              block_n=128 if consumers == 2 else 64)
+                              block_n=block_n, persistent=persistent)
     assert check_fwd(spec, cfg) is None
-    _, wl, wr = mask_kind(True, (-1, -1))
+    _, wl, wr = mask_kind(causal, (-1, -1))
     mod, args = loader.load(spec), MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False)
 
     def run(q, k, v):
@@ -144,7 +150,7 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair):
         return out, lse
 
     out, lse = run(q, k, v)
-    _check_documents(lens, cu, (q, k, v), out, lse)
+    _check_documents(lens, cu, (q, k, v), out, lse, causal=causal)
     bad = [t.clone() for t in (q, k, v)]
     lo, hi = int(cu[3]), int(cu[4])  # document 3 poisoned
     for t in bad:

@@ -115,7 +115,11 @@ KNOBS = [dict(persistent=1), dict(persistent=2), dict(q_regs=True), dict(q_regs=
          dict(consumers=2, block_m=128, block_n=64, num_stages=2, q_regs=False, pair_tiles=True),
          # one consumer warp group per program (two programs per SM), alone and paired
          dict(consumers=1, block_m=64, block_n=64, num_stages=2, q_regs=False),
-         dict(consumers=1, block_m=64, block_n=64, num_stages=2, q_regs=False, pair_tiles=True)]
+         dict(consumers=1, block_m=64, block_n=64, num_stages=2, q_regs=False, pair_tiles=True),
+         # one program per SM walking the work items (its producer loads the next tile's Q and
+         # K / V during the current tile's last blocks), alone and paired
+         dict(consumers=2, block_m=128, block_n=128, num_stages=2, q_regs=False, persistent=1),
+         dict(consumers=2, block_m=128, block_n=64, num_stages=2, q_regs=False, pair_tiles=True, persistent=1)]
 
 
 @pytest.mark.parametrize("knobs", KNOBS, ids=lambda kn: "-".join(f"{k}{int(v)}" for k, v in kn.items()))

@@ -78,7 +78,8 @@ def test_sm90_defaults_hold_q_in_registers_where_it_won():
         dflt = space.triton_fallback(space.default_fwd_config(spec(d=d), "cuda", 4096), spec(d=d))
         assert dflt.q_regs is regs, d
         docs = KernelSpec("fwd", "bf16", "sm90", d, d, 4, "causal", varlen=True)
-        assert space.default_fwd_config(docs, "cuda", 4096).q_regs is False, d
+        docs_dflt = space.triton_fallback(space.default_fwd_config(docs, "cuda", 4096), docs)
+        assert docs_dflt.q_regs is False, d
     assert space.default_fwd_config(spec(d=128, target="sm80"), "cuda", 4096).q_regs is False
 
 
@@ -161,8 +162,10 @@ def test_config_from_dict_names_bad_fields():
 def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
     """Dense sm90 calls of head dim 64 / 128 / 192 / 256 without softcapping take the Gluon kernel
     (FwdConfig.consumers; hd192 / hd256 on 64-key blocks: 128-key ones do not fit; causal hd256
-    with two mirrored query tiles per program); packed documents may (it lost there);
-    softcapping, other head dims and sm80 do not."""
+    with two mirrored query tiles per program); packed hd128 documents take it as one persistent
+    program per SM walking mirrored pairs (WS_DOCS; the launcher turns uneven documents to the
+    Triton kernel), other packed head dims the Triton kernel; softcapping, other head dims and
+    sm80 do not."""
     for d in (64, 128, 192, 256):
         want = space.WS_DEFAULT if d <= 128 else space.WS_DEFAULT_WIDE
         for mask in ("none", "causal", "sliding_window"):
@@ -172,10 +175,16 @@ def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
             assert space.check_fwd(s, want) is None
     assert space.check_fwd(KernelSpec("fwd", "bf16", "sm90", 256, 256, 1, "causal"),
                            space.WS_DEFAULT).startswith("needs ~")
-    # packed documents: the kernel exists (a tuning choice) but the Triton one is the default
     docs = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
     assert space.check_fwd(docs, space.WS_DEFAULT) is None
-    assert space.default_fwd_config(docs, "cuda", 4096).consumers == 0
+    assert space.default_fwd_config(docs, "cuda", 4096) == space.WS_DOCS
+    assert space.WS_DOCS.persistent == 1 and space.WS_DOCS.pair_tiles
+    for d in (64, 256):  # the kernel exists there (a tuning choice); the Triton one is the default
+        docs = KernelSpec("fwd", "bf16", "sm90", d, d, 4, "causal", varlen=True)
+        assert space.check_fwd(docs, space.WS_DEFAULT if d == 64 else space.WS_DEFAULT_WIDE) is None
+        assert space.default_fwd_config(docs, "cuda", 4096).consumers == 0, d
+    # one program per SM is the Gluon kernel's only persistent form
+    assert "persistent is 0" in space.check_fwd(spec(d=128), dataclasses.replace(space.WS_DEFAULT, persistent=2))
     others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm90", 80, 80, 1, "causal"),
