@@ -434,10 +434,11 @@ WS_DEFAULT_WIDE = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
 # Packed documents, hd128: one program per SM (persistent) walking items of two mirrored query
 # tiles of one document (equal causal work per item), 64-key blocks, 2 stages; its producer loads the
 # next tile's Q and K / V during the current tile's last blocks and epilogue. 8 causal 1024-token
-# documents, GQA 32/8: 366 and 364 TFLOP/s vs 349 for the Triton kernel's default in the same run;
-# 3 stages 363; one item per program 343-346; one tile per item (block-major order) 301-332
-# (h200_ab_varlen_persist_2026-12-01.json). On 8 uneven documents (3000 ... 292 tokens) the static
-# walk is unbalanced (297 vs 399): see EVEN_DOCS.
+# documents, GQA 32/8: 366 and 364 TFLOP/s vs 349 for the Triton kernel's default in the same run,
+# 3 stages 363, one item per program 343, one tile per item (block-major order) 301-332
+# (h200_ab_varlen_persist2_2026-12-01.json; the run before, h200_ab_varlen_persist_2026-12-01.json:
+# 363 vs 347). On 8 uneven documents (3000 ... 292 tokens) the static walk is unbalanced (297 vs
+# 399): see EVEN_DOCS.
 WS_DOCS = FwdConfig(128, 64, 4, 2, tma=True, consumers=2, pair_tiles=True, persistent=1)
 # A persistent Gluon forward over packed documents walks its items statically (program p takes
 # items p, p + programs, ...); items past a short document's end are empty, so with documents of
