@@ -10,7 +10,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (EVEN_DOCS, WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig,
+from attngen.tuning.space import (WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig, persistent_docs_ok,
                                   triton_fallback)
 
 
@@ -47,8 +47,8 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
               and (q.device.type == "cuda" if gluon is None else gluon))
-    if packed and cfg.persistent and q.shape[0] < EVEN_DOCS * rows * (bh // Hq):
-        use_ws = False  # documents of uneven length: the persistent walk would be unbalanced
+    if packed and cfg.persistent and not persistent_docs_ok(q.shape[0], bh // Hq, rows):
+        use_ws = False  # short or uneven documents: the persistent walk would lose
     if use_ws and rows and bh:
         descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, out, packed))
         if descs is not None:

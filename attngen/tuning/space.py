@@ -443,8 +443,17 @@ WS_DOCS = FwdConfig(128, 64, 4, 2, tma=True, consumers=2, pair_tiles=True, persi
 # A persistent Gluon forward over packed documents walks its items statically (program p takes
 # items p, p + programs, ...); items past a short document's end are empty, so with documents of
 # uneven length the heavy items crowd onto a few programs. The launcher gives such a call (mean
-# document length below this share of the longest) to the Triton kernels.
+# document length below EVEN_DOCS of the longest) to the Triton kernels, and calls whose longest
+# document is under DOCS_MIN_LEN tokens too (measured on 1024-token documents; on shorter ones
+# one program per SM walks items of a few key blocks each one after the other, where the Triton
+# kernel runs several programs per SM side by side).
 EVEN_DOCS = 0.9
+DOCS_MIN_LEN = 1024
+
+
+def persistent_docs_ok(total_q: int, docs: int, max_seqlen_q: int) -> bool:
+    """Whether packed documents of these sizes suit the persistent Gluon forward's static walk."""
+    return max_seqlen_q >= DOCS_MIN_LEN and total_q >= EVEN_DOCS * docs * max_seqlen_q
 
 
 def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:

@@ -559,15 +559,15 @@ def test_backward_with_split_roles_launches_one_program_per_64_keys():
 def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_uneven_ones():
     """WS_DOCS (the packed hd128 default): one program per SM (a CPU device counts 2) walking the
     work items, mirrored pairs of 128-row tiles of each (document, head), V through a host
-    descriptor like Q and K; documents whose mean length is under EVEN_DOCS of the longest go to
-    the Triton kernels' packed default instead (the static walk would be unbalanced)."""
+    descriptor like Q and K; documents whose mean length is under EVEN_DOCS of the longest, or
+    whose longest is under DOCS_MIN_LEN tokens, go to the Triton kernels' packed default instead."""
     import torch
 
     from attngen.kernels.common import MaskArgs
     from attngen.kernels.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
+    from attngen.tuning.space import DOCS_MIN_LEN, EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
 
     spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
     assert default_fwd_config(spec, "cuda", 1024) == WS_DOCS
@@ -582,11 +582,12 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
         return fwd_launches(mod, spec, q, k, v, out, torch.empty(8, t), args, WS_DOCS, cu, cu, max(lens),
                             gluon=True)
 
-    (la,) = launches([640, 640, 600])  # mean 627 of 640: even
+    (la,) = launches([1152, 1152, 1100])  # mean 1135 of 1152: even
     assert la.fn.__name__ == "_attn_fwd_ws" and la.values["PERSIST"] is True and la.values["PAIR"] is True
-    assert la.values["num_items"] == 3 * 3 * 8 and la.grid == 2  # 5 tiles -> 3 pairs, 3 documents, 8 heads
+    assert la.values["num_items"] == 5 * 3 * 8 and la.grid == 2  # 9 tiles -> 5 pairs, 3 documents, 8 heads
     assert sorted(la.descriptors) == ["desc_k", "desc_q", "desc_v"] and not la.scratch
-    assert 640 + 640 + 80 < EVEN_DOCS * 3 * 640 < 640 + 640 + 600
-    (la,) = launches([640, 640, 80])  # mean 453 of 640: uneven
+    assert 1152 + 1152 + 200 < EVEN_DOCS * 3 * 1152 < 1152 + 1152 + 1100 and 1152 >= DOCS_MIN_LEN > 640
     fb = triton_fallback(WS_DOCS, spec)
-    assert la.fn.__name__ == "_attn_fwd_tma" and la.values["BLOCK_M"] == fb.block_m, la.fn
+    for lens in ([1152, 1152, 200], [640, 640, 640]):  # uneven; even but short
+        (la,) = launches(lens)
+        assert la.fn.__name__ == "_attn_fwd_tma" and la.values["BLOCK_M"] == fb.block_m, (lens, la.fn)
