@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
     ap.add_argument("--gqa", type=int, default=1)
-    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd only: two of 256 tokens)")
+    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd only: two of 1024 tokens)")
     ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
     ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
@@ -152,7 +152,7 @@ def main(argv=None) -> int:
     mod = module_for(spec, switch, tmp)
 
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    B, Hkv, S, D = 1, 2, 512, args.hd
+    B, Hkv, S, D = 1, 2, 2048 if args.varlen else 512, args.hd  # packed: two documents of 1024 tokens
     Hq = Hkv * args.gqa
     q = torch.empty(B, Hq, S, D, dtype=dt)
     k, v = torch.empty(B, Hkv, S, D, dtype=dt), torch.empty(B, Hkv, S, D, dtype=dt)

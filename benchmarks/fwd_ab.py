@@ -82,10 +82,13 @@ def parse_config(text: str, cls: type = FwdConfig):
 
 
 def render_variant(spec: KernelSpec, switch: dict, tmp: Path):
-    """The module of `spec` rendered with codegen options `switch`, loaded from `tmp`."""
-    tag = "_".join(f"{k}-{v}" for k, v in switch.items())
+    """The module of `spec` rendered with codegen options `switch`, loaded from `tmp`; the option
+    "templates" (--templates) names another templates folder to render from."""
+    switch = dict(switch)
+    root = switch.pop("templates", None)
+    tag = "_".join(f"{k}-{v}" for k, v in switch.items()) + ("_tree-" + Path(root).name if root else "")
     path = tmp / f"{spec.uri}__{tag}.py"
-    path.write_text(render(spec, options=switch))
+    path.write_text(render(spec, root=Path(root) if root else None, options=switch or None))
     return loader.load_path(path)
 
 
@@ -95,10 +98,13 @@ def main():
     ap.add_argument("--cases", default=None, help="comma-separated case indices")
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
     ap.add_argument("--configs", default="default,extra", help="default[,extra][,knobs][,qregs]")
+    ap.add_argument("--templates", default=None,
+                    help="another templates folder (e.g. a past commit's: git archive REV templates | tar -x -C DIR): "
+                         "its modules are timed beside the build's, same launcher")
     ap.add_argument("--config", action="append", default=[],
                     help="M,N,W,S[,field=value...]: one more config (TMA on), e.g. 64,64,4,2,q_regs=True,maxnreg=168")
     args = ap.parse_args()
-    variants = [{}]
+    variants = [{}] + ([{"templates": args.templates}] if args.templates else [])
     for sw in args.switch:
         name, values = sw.split("=", 1)
         variants = [{**v, name: val} for v in variants for val in values.split(",")]

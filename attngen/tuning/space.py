@@ -31,8 +31,8 @@ class FwdConfig:
     # (h200_ab_softmax_2026-11-30.json)
     lazy_rescale: bool = False
     # sm90 TMA kernel: 0 = one program per tile; n > 0 = n programs per SM, each looping over tiles
-    # (the Gluon kernel: 0 or 1; its producer then loads the next tile's Q and K / V during the
-    # current tile's last blocks and epilogue)
+    # (the Gluon kernel over packed documents: 0 or 1; its producer then loads the next tile's Q
+    # and K / V during the current tile's last blocks and epilogue)
     persistent: int = 0
     # sm90 TMA kernel: the Q tile held in registers for Q.K^T (wgmma's A operand from registers)
     # instead of read from shared memory for every key block
@@ -150,6 +150,8 @@ def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return "consumers: q_regs, warp_specialize and lazy_rescale are Triton-kernel knobs"
     if cfg.persistent not in (0, 1):
         return "consumers: persistent is 0 (one program per work item) or 1 (one program per SM)"
+    if cfg.persistent and not spec.varlen:
+        return "consumers: persistent exists in the packed-documents Gluon forward only"
     return None
 
 

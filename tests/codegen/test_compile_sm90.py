@@ -46,10 +46,8 @@ def test_operands_in_registers_leave_shared_memory(fam, config, kernel):
 def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     """The Gluon forward (FwdConfig.consumers) waits with one wgmma group still in flight (P.V of
     the previous key block runs during the softmax), which the Triton TMA kernel never does; it
-    compiles under its 168-register cap with at most a few scalars spilled (the work item's
-    numbers, stored once per tile: the SASS of 128-key blocks shows no local memory access in the
-    key loop), with the shared memory the model predicts (Q for 128 rows, two K / V stages of 128
-    keys, 64 at hd256)."""
+    compiles without spills under its 168-register cap, with the shared memory the model
+    predicts (Q for 128 rows, two K / V stages of 128 keys, 64 at hd256)."""
     from attngen.spec import KernelSpec
     from attngen.tuning.space import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG, fwd_smem_bytes
 
@@ -59,7 +57,7 @@ def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     (tma,) = probe("fwd", "--hd", str(hd), "--mask", mask, "--config", "64,64,4,3")
     assert ws["kernel"] == "_attn_fwd_ws" and tma["kernel"] == "_attn_fwd_tma", (ws, tma)
     assert 1 in ws["wait_groups"] and tma["wait_groups"] == [0], (ws, tma)
-    assert ws["spill_stores"] <= 128 and ws["registers"] <= WS_MAXNREG, ws
+    assert ws["spill_stores"] == 0 and ws["registers"] <= WS_MAXNREG, ws
     want = fwd_smem_bytes(KernelSpec("fwd", "bf16", "sm90", hd, hd, 1, mask), cfg)
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
 
@@ -78,7 +76,7 @@ def test_paired_tiles_forward_compiles_as_the_single_tile_one(hd, mask):
                    "--also", "pair_tiles=True")
     assert two["kernel"] == "_attn_fwd_ws" and 1 in two["wait_groups"], two
     assert abs(two["shared_bytes"] - one["shared_bytes"]) <= 64, (one, two)
-    assert two["registers"] <= WS_MAXNREG and two["spill_stores"] <= 160, two
+    assert two["registers"] <= WS_MAXNREG and two["spill_stores"] <= 32, two
 
 
 def test_packed_documents_forward_default_compiles_without_spilling():

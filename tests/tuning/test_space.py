@@ -183,8 +183,10 @@ def test_sm90_default_is_the_warp_specialized_forward_where_it_exists():
         docs = KernelSpec("fwd", "bf16", "sm90", d, d, 4, "causal", varlen=True)
         assert space.check_fwd(docs, space.WS_DEFAULT if d == 64 else space.WS_DEFAULT_WIDE) is None
         assert space.default_fwd_config(docs, "cuda", 4096).consumers == 0, d
-    # one program per SM is the Gluon kernel's only persistent form
-    assert "persistent is 0" in space.check_fwd(spec(d=128), dataclasses.replace(space.WS_DEFAULT, persistent=2))
+    # one program per SM is the Gluon kernel's only persistent form, over packed documents only
+    docs = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
+    assert "persistent is 0" in space.check_fwd(docs, dataclasses.replace(space.WS_DOCS, persistent=2))
+    assert "packed-documents" in space.check_fwd(spec(d=128), dataclasses.replace(space.WS_DEFAULT, persistent=1))
     others = [KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal"),
               KernelSpec("fwd", "bf16", "sm90", 80, 80, 1, "causal"),
