@@ -54,10 +54,12 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         if descs is not None:
             prog_blocks = (blocks + 1) // 2 if cfg.pair_tiles else blocks
             items = prog_blocks * bh
+            # persistent: the packed-documents kernel walks its work items (the dense one takes
+            # one per program; check_ws keeps persistent off there)
+            persist = bool(cfg.persistent) and packed
             values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS,
-                          PAIR=bool(cfg.pair_tiles), PERSIST=bool(cfg.persistent), CONSUMERS=cfg.consumers,
-                          num_items=items)
-            grid = min(items, sm_count(q.device)) if cfg.persistent else programs(prog_blocks, bh, "q")
+                          PAIR=bool(cfg.pair_tiles), PERSIST=persist, CONSUMERS=cfg.consumers, num_items=items)
+            grid = min(items, sm_count(q.device)) if persist else programs(prog_blocks, bh, "q")
             # packed documents: host descriptors for Q, K and V from each document's first row; O
             # through pointer stores
             return [Launch(mod._attn_fwd_ws, grid, values, cfg.num_warps, 1,
