@@ -398,7 +398,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         # (h200_ab_varlen_ws2_2026-12-01.json; pairs and one-consumer programs: best 337 and 343,
         # h200_ab_fwd_pair_2026-12-01.json). One persistent program per SM walking mirrored
         # pairs won where the documents are of about equal length (WS_DOCS, hd128 only measured);
-        # elsewhere the launcher gives the call to the Triton kernel (EVEN_DOCS)
+        # elsewhere the launcher gives the call to the Triton kernel (persistent_docs_ok)
         if spec.varlen and d == 128 and check_fwd(spec, WS_DOCS) is None:
             return WS_DOCS
         if not spec.varlen and check_fwd(spec, ws) is None:

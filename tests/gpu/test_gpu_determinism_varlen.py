@@ -145,7 +145,7 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair, pe
 
     lens = [1, 17, 113, 1023, 300, 2048, 64, 511]
     if persistent:  # the launcher gives short or uneven documents to the Triton kernel
-        lens = [1100, 1111, 1123, 1031, 1099, 1077, 1087, 1029]
+        lens = EVEN_LENS
     hq, hkv, d = 8, 2, 128
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 5)
