@@ -73,7 +73,7 @@ def half_up(x: float) -> int:
 
 
 def test_benchmark_table_is_the_committed_results():
-    run = json.loads((REPO_ROOT / "benchmarks/results/h200_bench_both_roles_2026-12-01.json").read_text())
+    run = json.loads((REPO_ROOT / "benchmarks/results/h200_bench_both_docs_2026-12-01.json").read_text())
     lines = README[README.index("## Benchmarks"):].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     table = []  # the first table after the heading (later tables are other views)
@@ -107,7 +107,7 @@ def test_case_tables_are_the_bench_cases(doc):
 
 def test_images_exist():
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", README)
-    assert any(p.endswith("h200_bench_both_roles_2026-12-01.png") for p in images)
+    assert any(p.endswith("h200_bench_both_docs_2026-12-01.png") for p in images)
     for path in images:
         data = (REPO_ROOT / path).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), path
