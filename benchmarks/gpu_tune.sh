@@ -15,7 +15,7 @@
 #   and gpu_tune.log (everything printed), env.txt, summary.json (phases, seconds, exit codes).
 #
 #   PHASES=ship benchmarks/gpu_tune.sh   # only 2., with TPE on llama's forward buckets in place of
-#                                        # the exhaustive winners (about 2 minutes)
+#                                        # the exhaustive winners (about 3-4 minutes)
 #
 # The GPU image has no optuna / SQLAlchemy: their wheels come from shared/wheels/ (downloaded on a
 # machine with pip: /work/shared/scripts/gpu_wheels.sh shared/wheels), installed into /tmp.
@@ -121,9 +121,9 @@ PY
   fi
   run ship_bwd 90 "${TUNE[@]}" --spec specs/llama.yaml --kernels attn_bwd_bf16_hd128_gqa4_causal_sm90 \
     --shapes "$LSHAPES" --trials 8 --storage "$SHIP" --timeout 75
-  run ship_fwd 60 "${TUNE[@]}" --spec specs/llama.yaml --spec specs/mistral.yaml --spec specs/gemma2.yaml \
+  run ship_fwd 100 "${TUNE[@]}" --spec specs/llama.yaml --spec specs/mistral.yaml --spec specs/gemma2.yaml \
     --spec specs/phi3.yaml --kernels 'attn_fwd_bf16_*_sm90' --shapes "$SHIP_SHAPES" \
-    --trials 6 --storage "$SHIP" --timeout 45
+    --trials 6 --storage "$SHIP" --timeout 85
   run ship_show 30 bash -c "python3 -m $CLI db show --storage '$SHIP' && \
     python3 -m $CLI db export --storage '$SHIP' --winners-only --out '$OUT/winners.json'"
   fi
