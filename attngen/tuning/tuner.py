@@ -680,6 +680,8 @@ def tune(opts: TuneOptions, timer=None, probe=None) -> int:
     except KeyboardInterrupt:
         print(f"{prefix}interrupted: every finished trial is in {schema.redact(opts.url)}; "
               f"`attngen tune ... --resume` continues", file=sys.stderr, flush=True)
+        if opts.worker is None:  # the file alone is the database, interrupted or not
+            dbs.Store(opts.url, "write").pack()
         return 130
     finally:
         if tuner.progress:
@@ -749,6 +751,7 @@ def _run_workers(opts: TuneOptions, timer, probe) -> int:
         codes = [p.wait() for p in procs]  # they got the same Ctrl-C; let them record and exit
         print(f"interrupted: every finished trial is in {schema.redact(opts.url)}; --resume "
               f"continues", file=sys.stderr)
+        dbs.Store(opts.url, "write").pack()
         return 130
     dbs.Store(opts.url, "write").pack()
     if not opts.quiet:

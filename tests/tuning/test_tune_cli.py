@@ -203,12 +203,20 @@ def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
             p.communicate()
     assert p.returncode == 130, (out[-3000:], err)
     assert "interrupted" in err and "--resume" in err and "Traceback" not in err
+    assert_packed(db)
     before = check_consistent(db)
     assert 3 <= len({json.dumps(t["config"]) for t in before if t["status"] != "invalid"}) < 10
     assert cli(tune_argv(db, "--resume", trials=10)) == 0
     after = check_consistent(db)
     assert len({json.dumps(t["config"]) for t in after if t["status"] != "invalid"}) == 10
     assert {t["uid"] for t in before} <= {t["uid"] for t in after}
+
+
+def assert_packed(db):
+    """An interrupted run still leaves the file alone as the database (a rollback journal, no -wal
+    beside it), as a finished one does: what gets committed or read from a read-only folder."""
+    assert db.read_bytes()[18:20] == b"\x01\x01", "still in WAL mode"
+    assert not os.path.exists(f"{db}-wal")
 
 
 def test_ctrl_c_that_python_swallows_still_stops_the_run(tmp_path):
@@ -222,6 +230,7 @@ def test_ctrl_c_that_python_swallows_still_stops_the_run(tmp_path):
     assert "Exception ignored" in res.stderr and "KeyboardInterrupt" in res.stderr, res.stderr[-3000:]
     assert res.returncode == 130, (res.stdout[-3000:], res.stderr[-3000:])
     assert "interrupted" in res.stderr and "--resume" in res.stderr
+    assert_packed(db)
     trials = check_consistent(db)
     assert 3 <= len({json.dumps(t["config"]) for t in trials if t["status"] != "invalid"}) < 10
 

@@ -121,14 +121,65 @@ def test_wal_file_where_no_shm_can_be_made(db, monkeypatch):
         winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root may write any folder")
-def test_read_only_folder(db, tmp_path):
-    write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
-    os.chmod(tmp_path, 0o555)
+NOBODY = 65534
+
+
+def _lookup_as_nobody() -> int:
+    """The lookup in a forked child that dropped root for the nobody user (root may write any
+    folder, so a read-only folder means nothing to it): 0 found, 1 not found, 2 raised. Every
+    module the lookup needs is already imported in the parent."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 2
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            winners.reset()
+            code = 0 if winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32)) else 1
+        except BaseException as e:  # noqa: BLE001 - reported through the exit status
+            os.write(2, f"lookup as nobody: {type(e).__name__}: {e}\n".encode())
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+@pytest.mark.parametrize("journal", ["delete", "wal"])
+def test_read_only_folder(tmp_path, monkeypatch, journal):
+    """A database in a folder its reader may not write (an installed package, a shared checkout)
+    is read without creating -wal / -shm files beside it: packed (a rollback journal, as `attngen
+    tune` leaves it) or still in WAL mode (a file copied from a run that could not pack it)."""
+    root = os.geteuid() == 0
+    # as root the test drops to nobody, who must be able to reach the folder: not under pytest's
+    # own (0700) tmp folder
+    folder = tmp_path if not root else __import__("tempfile").mkdtemp(prefix="attngen_ro_", dir="/tmp")
+    path = os.path.join(folder, "attngen.sqlite")
+    monkeypatch.setenv("ATTNGEN_DB", path)
+    winners.reset()
+    write(path, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
+    if journal == "wal":
+        con = sqlite3.connect(path)
+        assert con.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal"
+        con.close()  # the last connection checkpoints and removes -wal / -shm; the file stays WAL
+    assert open(path, "rb").read(20)[18:20] == (b"\x02\x02" if journal == "wal" else b"\x01\x01")
+    assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))  # imports what it needs
+    for leftover in ("-wal", "-shm"):
+        if os.path.exists(path + leftover):
+            os.remove(path + leftover)
+    os.chmod(path, 0o444)
+    os.chmod(folder, 0o555)
     try:
-        assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+        if root:
+            assert _lookup_as_nobody() == 0
+        else:
+            winners.reset()
+            assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32))
+        assert sorted(os.listdir(folder)) == ["attngen.sqlite"]
     finally:
-        os.chmod(tmp_path, 0o755)
+        os.chmod(folder, 0o755)
+        winners.reset()
+        if root:
+            __import__("shutil").rmtree(folder)
 
 
 def test_stale_template_is_ignored_with_one_warning(db):
