@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import warnings
 
 import pytest
@@ -153,7 +155,7 @@ def test_read_only_folder(tmp_path, monkeypatch, journal):
     root = os.geteuid() == 0
     # as root the test drops to nobody, who must be able to reach the folder: not under pytest's
     # own (0700) tmp folder
-    folder = tmp_path if not root else __import__("tempfile").mkdtemp(prefix="attngen_ro_", dir="/tmp")
+    folder = tmp_path if not root else tempfile.mkdtemp(prefix="attngen_ro_", dir="/tmp")
     path = os.path.join(folder, "attngen.sqlite")
     monkeypatch.setenv("ATTNGEN_DB", path)
     winners.reset()
@@ -183,7 +185,7 @@ def test_read_only_folder(tmp_path, monkeypatch, journal):
         os.chmod(folder, 0o755)
         winners.reset()
         if root:
-            __import__("shutil").rmtree(folder)
+            shutil.rmtree(folder)
 
 
 def test_stale_template_is_ignored_with_one_warning(db):
