@@ -10,8 +10,8 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (WS_CONSUMER_REGS, WS_MAXNREG, WS_MAXNREG_ONE, FwdConfig, persistent_docs_ok,
-                                  triton_fallback)
+from attngen.tuning.space import (WS_CONSUMER_REGS, FwdConfig, persistent_docs_ok, triton_fallback,
+                                  ws_fwd_maxnreg)
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -64,7 +64,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
             # through pointer stores
             return [Launch(mod._attn_fwd_ws, grid, values, cfg.num_warps, 1,
                            host_part(descs, packed, ("desc_q", "desc_k", "desc_v")),
-                           maxnreg=cfg.maxnreg or (WS_MAXNREG if cfg.consumers == 2 else WS_MAXNREG_ONE))]
+                           maxnreg=ws_fwd_maxnreg(spec, cfg))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)
         blocks = triton.cdiv(rows, cfg.block_m)

@@ -131,6 +131,18 @@ WS_CONSUMER_REGS = 232  # what each consumer warp group takes back from the prod
 WS_MAXNREG_ONE = 128
 
 
+def ws_fwd_maxnreg(spec: KernelSpec, cfg: FwdConfig) -> int:
+    """The Gluon forward's launch register cap when cfg.maxnreg leaves it to the launcher. One
+    consumer past head dim 192 takes WS_MAXNREG: ptxas needs 158 registers for its 64 x 256 fp32
+    accumulator's wgmma at launch and fails at 128 (benchmarks/compile_probe.py), and the ring of
+    64-key blocks fills ~164 KB of shared memory, one program per SM whatever the registers."""
+    if cfg.maxnreg:
+        return cfg.maxnreg
+    if cfg.consumers == 1 and max(spec.head_dim_qk, spec.head_dim_v) <= 192:
+        return WS_MAXNREG_ONE
+    return WS_MAXNREG
+
+
 def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     """The warp-specialized Gluon forward's own constraints (cfg.consumers > 0)."""
     from attngen.codegen.render import WS_HEAD_DIMS, ws_forward

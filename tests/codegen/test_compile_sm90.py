@@ -79,6 +79,19 @@ def test_paired_tiles_forward_compiles_as_the_single_tile_one(hd, mask):
     assert two["registers"] <= WS_MAXNREG and two["spill_stores"] <= 32, two
 
 
+@pytest.mark.parametrize("hd, cap", [(128, "WS_MAXNREG_ONE"), (256, "WS_MAXNREG")])
+def test_one_consumer_forward_compiles_at_its_launch_register_cap(hd, cap):
+    """FwdConfig.consumers=1 (one consumer warp group of 64 rows): the launcher's register cap
+    (space.ws_fwd_maxnreg) compiles without spills; at hd256 the 128 of hd <= 192 made ptxas stop
+    (the accumulator's wgmma needs 158), so the wide case takes the two-consumer cap."""
+    from attngen.tuning import space
+
+    (ws,) = probe("fwd", "--hd", str(hd), "--gqa", "2", "--mask", "causal", "--config", "64,64,4,2",
+                  "--also", "consumers=1")
+    assert ws["kernel"] == "_attn_fwd_ws", ws
+    assert ws["spill_stores"] == 0 and ws["registers"] <= getattr(space, cap), ws
+
+
 def test_packed_documents_forward_default_compiles_without_spilling():
     """WS_DOCS (packed hd128: a persistent program walking mirrored pairs, 64-key blocks, 2
     stages) with the V fix for the key block past a document's end: no spills, shared memory as

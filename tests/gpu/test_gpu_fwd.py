@@ -154,6 +154,13 @@ def _valid_knob_cases():
         # a knob set that no case accepts would vanish from the suite unnoticed: fail collection
         assert valid, f"no case of KNOB_CASES accepts {knobs}"
         pairs += [pytest.param(c, knobs, id=f"{c.id}-{_knob_id(knobs)}") for c in valid]
+    # one consumer past hd128 (KNOB_CASES has none): its launch register cap depends on the head
+    # dim (space.ws_fwd_maxnreg)
+    one = dict(consumers=1, block_m=64, block_n=64, num_warps=4, num_stages=2, q_regs=False, lazy_rescale=False)
+    for d in (192, 256):
+        c = next(c for c in CASES if c.D == d and c.layout == "bhsd" and not c.softcap and c.window == (-1, -1))
+        assert check_fwd(*knob_config(c, one)) is None, c.id
+        pairs.append(pytest.param(c, one, id=f"{c.id}-{_knob_id(one)}"))
     return pairs
 
 
