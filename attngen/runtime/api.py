@@ -451,8 +451,8 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     if not compiling:
         try:  # the fast path: a warm call is this lookup, two allocations and the launches
             key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
-                   v.dtype, q.device, layout, causal, window_size, softcap, scale, causal_alignment,
-                   dispatch.override())
+                   v.dtype, q.device, k.device, v.device, layout, causal, window_size, softcap, scale,
+                   causal_alignment, dispatch.override())
             plan = _FAST.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = plan = None

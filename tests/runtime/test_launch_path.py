@@ -42,6 +42,19 @@ def test_plan_cache_hit_skips_validation(monkeypatch):
     assert len(calls) == 1
 
 
+@pytest.mark.parametrize("moved", ["k", "v"])
+def test_warm_call_still_checks_every_tensors_device(moved):
+    """The warm-call key holds each tensor's device: a k or v on another device after a warm call
+    is the cold call's clear error, not a launch with a foreign pointer."""
+    q, k, v = inputs(sq=23, sk=23)
+    attngen.attention(q, k, v, causal=True)
+    attngen.attention(q, k, v, causal=True)  # warm
+    args = {"q": q, "k": k, "v": v}
+    args[moved] = args[moved].to("meta")
+    with pytest.raises(ValueError, match=rf"^{moved}: on meta, but q is on cpu"):
+        attngen.attention(args["q"], args["k"], args["v"], causal=True)
+
+
 def test_plan_cache_new_length_same_bucket_reuses_kernel_and_config():
     q, k, v = inputs(sq=40, sk=40)
     attngen.attention(q, k, v, causal=True)
