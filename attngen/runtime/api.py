@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import torch
 
 from attngen import env
-from attngen.kernels.bwd import bwd_launches
+from attngen.families import family
 from attngen.kernels.common import MaskArgs, default_scale, mask_kind
-from attngen.kernels.fwd import fwd_launches
 from attngen.runtime import dispatch, loader
 from attngen.kernels.launch import make_descriptors
 from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
 from attngen.tuning.buckets import ShapeBucket, bucket_of
+from attngen.tuning.space import triton_fallback
 
 MIN_HEAD_DIM = 8
 
@@ -211,9 +211,14 @@ class Dims:
         return Dims(hq, k.shape[1], dqk, v.shape[3], bucket_of(sq, k.shape[2], B * hq))
 
 
-def resolve(family: str, q, d: Dims, opts: Options, packed: bool):
-    """(spec, module, device class, config, config source) of a plan miss."""
-    spec, interpret = kernel_spec(family, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
+# the two families an attention call runs, and their launchers (attngen.families registers both)
+FWD, BWD = family("fwd"), family("bwd")
+fwd_launches, bwd_launches = FWD.launches(), BWD.launches()
+
+
+def resolve(fam, q, d: Dims, opts: Options, packed: bool):
+    """(spec, module, device class, config, config source) of a plan miss of family `fam`."""
+    spec, interpret = kernel_spec(fam.name, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
                                   opts.softcap, packed)
     module = loader.load(spec)
     dev_class = dispatch.device_class(q.device, interpret)
@@ -248,11 +253,14 @@ class ForwardPlan:
         bucket = self.bucket = d.bucket
         self.dtype, self.device, self.layout, self.opts = q.dtype, q.device, opts.layout, opts
         self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
-            "fwd", q, d, opts, packed)
+            FWD, q, d, opts, packed)
         if getattr(self.config, "tma", False) and host_bound(bucket):
             import dataclasses
 
-            self.config = dataclasses.replace(self.config, tma=False, warp_specialize=False)
+            # the config the pointer kernel runs (a warp-specialized config names the Triton
+            # kernels' tiles it falls back to), so the plan and explain() say what launches
+            self.config = triton_fallback(dataclasses.replace(self.config, tma=False,
+                                                              warp_specialize=False), self.spec)
             self.config_source += " (pointer kernel: a host-bound shape)"
         out, lse = self.empty()
         self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
@@ -330,7 +338,7 @@ class BackwardPlan:
                     max_q, max_k)
         self.bucket = d.bucket
         self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
-            "bwd", q, d, opts, packed)
+            BWD, q, d, opts, packed)
         if getattr(self.config, "tma", False) and (pointer_only or host_bound(d.bucket)):
             import dataclasses
 

@@ -10,29 +10,54 @@ import torch
 from attngen.runtime import api, dispatch
 
 
+def _launched(launches) -> list[dict]:
+    """Each launch of a plan as it runs: entry point, programs and the tile constexprs it got (a
+    config the kernel cannot take falls back inside the launcher, so this can differ from the
+    config the table or the database chose)."""
+    rows = []
+    for la in launches:
+        vals = la.values
+        tiles = {k.lower(): vals[k] for k in ("BLOCK_M", "BLOCK_N", "CONSUMERS", "KV_STAGES")
+                 if k in vals}
+        rows.append({"entry": la.fn.__name__, "programs": la.grid, **tiles,
+                     "num_warps": la.num_warps, "num_stages": la.num_stages,
+                     "offsets_64bit": bool(vals.get("OFFS_64", False))})
+    return rows
+
+
 def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
-            causal_alignment="bottom_right", deterministic=False) -> dict:
-    """What attngen.attention(q, k, v, **same options) would run, without running it."""
-    api.check_dense(q, k, v, layout)
+            causal_alignment="bottom_right", deterministic=False, cu_seqlens_q=None,
+            cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> dict:
+    """What attngen.attention(q, k, v, **same options) would run, without running it; with
+    cu_seqlens_q / cu_seqlens_k (and max_seqlen_*) what attngen.attention_varlen would run."""
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed:
+        api.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        layout = "packed"
+    else:
+        api.check_dense(q, k, v, layout)
     opts = api.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
-    plan = api.forward_plan(q, k, v, opts)
-    bwd_spec = plan.spec.replace(family="bwd")
+    plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            if packed else api.forward_plan(q, k, v, opts))
+    bwd_spec = plan.spec.replace(family=api.BWD.name)
     from attngen.runtime import loader
 
     bwd_mod = loader.load(bwd_spec)
     bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.TEMPLATE_HASH, plan.device_class,
                                                  plan.bucket, opts.window)
-    launch = plan.launches_spec[0]
+    launched = _launched(plan.launches_spec)
     why = ("the tuning database's winner for this kernel, device class and bucket (or its nearest "
-           "tuned bucket)" if plan.config_source == "tuned" else
+           "tuned bucket)" if plan.config_source.startswith("tuned") else
            "the family's default table (nothing tuned for this kernel and device class)")
     return {
         "kernel": plan.spec.uri, "file": str(plan.module.__file__), "device_class": plan.device_class,
         "bucket": plan.bucket.key, "config": plan.config.as_dict(), "config_source": plan.config_source,
-        "why": why, "programs": launch.grid, "offsets_64bit": bool(launch.values["OFFS_64"]),
-        "mask": opts.mask, "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
-                                        "config": bwd_cfg.as_dict(), "config_source": bwd_source,
-                                        "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
+        "why": why, "launches": launched, "programs": launched[0]["programs"] if launched else 0,
+        "offsets_64bit": any(r["offsets_64bit"] for r in launched), "mask": opts.mask,
+        "layout": layout,
+        "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
+                     "config": bwd_cfg.as_dict(), "config_source": bwd_source,
+                     "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
     }
 
 

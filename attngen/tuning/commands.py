@@ -10,6 +10,7 @@ import json
 import sys
 
 from attngen.db import schema
+from attngen.families import FAMILIES
 from attngen.tuning.buckets import parse_bucket
 from attngen.tuning.devices import PROFILES
 
@@ -39,8 +40,8 @@ def add_commands(subparsers) -> None:
                    help="N tuning processes on one storage, one per GPU (sharing GPUs when fewer)")
     t.add_argument("--sampler", choices=("tpe", "grid"), default="tpe",
                    help="tpe (seeded; default) or grid (exhaustive over the space)")
-    t.add_argument("--family", dest="families", action="append", choices=("fwd", "bwd"),
-                   help="kernel family (repeatable; default both)")
+    t.add_argument("--family", dest="families", action="append", choices=tuple(FAMILIES),
+                   help="kernel family (repeatable; default every family)")
     t.add_argument("--kernels", default=None, metavar="GLOB",
                    help="only kernels whose uri matches, e.g. 'attn_fwd_bf16_*'")
     t.add_argument("--fix", dest="fixed", action="append", default=[], type=_fix, metavar="FIELD=VALUE",
@@ -128,7 +129,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     opts = tuner.TuneOptions(
         device=args.device, specs=args.specs, shapes=args.shapes, trials=args.trials,
         timeout=args.timeout, storage=args.storage, resume=args.resume, workers=args.workers,
-        sampler=args.sampler, families=tuple(dict.fromkeys(args.families or ("fwd", "bwd"))),
+        sampler=args.sampler, families=tuple(dict.fromkeys(args.families or FAMILIES)),
         kernels=args.kernels, fixed=dict(args.fixed), seed=args.seed, worker=args.worker, gpu=args.gpu,
         timer_ref=args.timer_ref, probe_ref=args.probe_ref, quiet=args.quiet)
     if args.workers < 1:

@@ -91,7 +91,7 @@ class Problem:
         """2 (Dqk + Dv) per attended pair and head (the forward); the backward counts 2.5 times
         that (attngen bench's convention). Exact pair counts for every mask."""
         fwd = 2.0 * (self.spec.head_dim_qk + self.spec.head_dim_v) * self.batch * self.heads_q * self.pairs()
-        return fwd * (2.5 if self.spec.family == "bwd" else 1.0)
+        return fwd * family_of(self.spec.family).flop_factor
 
     def as_dict(self) -> dict:
         return {"batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
@@ -198,7 +198,7 @@ class Objective:
         return t
 
     def _outputs(self, t: dict) -> tuple[str, ...]:
-        return ("dq", "dk", "dv") if self.family == "bwd" else ("out", "lse")
+        return family_of(self.family).outputs
 
     # ---- the launchers (the only calls into attngen.kernels) ----------------------------------
     def _forward_for_bwd(self, t: dict) -> None:

@@ -43,7 +43,7 @@ from typing import Callable
 from attngen import env
 from attngen.db import schema
 from attngen.db import store as dbs
-from attngen.families import family as family_of
+from attngen.families import FAMILIES, family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
 from attngen.tuning import space
 from attngen.tuning.buckets import ShapeBucket, bucket_of, parse_bucket
@@ -107,7 +107,7 @@ class TuneOptions:
     resume: bool = False
     workers: int = 1
     sampler: str = "tpe"
-    families: tuple[str, ...] = ("fwd", "bwd")
+    families: tuple[str, ...] = tuple(FAMILIES)  # every registered family
     kernels: str | None = None  # glob over kernel uris
     fixed: dict = field(default_factory=dict)  # --fix FIELD=VALUE
     seed: int = 0
@@ -273,8 +273,6 @@ SHORT = {"block_m": "M", "block_n": "N", "num_warps": "w", "num_stages": "s", "d
 
 def config_text(config: dict, family: str | None = None) -> str:
     """"M=128 N=64 w=8 s=3 tma=1": in the config class's field order when the family is known."""
-    from attngen.families import FAMILIES
-
     if family in FAMILIES:
         order = [f.name for f in dataclasses.fields(FAMILIES[family].config)]
         config = {k: config[k] for k in sorted(config, key=lambda k: (k not in order,

@@ -220,6 +220,44 @@ def test_explain_names_kernel_config_bucket():
     assert Path(info["file"]).is_file() and set(info["config"]) >= {"block_m", "block_n"}
     assert info["backward"]["kernel"] == "attn_bwd_fp16_hd64_gqa2_causal_sm80"
     assert info["offsets_64bit"] is False
+    (launch,) = info["launches"]
+    assert launch["entry"] == "_attn_fwd" and launch["programs"] == info["programs"] > 0
+    assert (launch["block_m"], launch["block_n"]) == (info["config"]["block_m"], info["config"]["block_n"])
+
+
+def test_explain_packed_documents():
+    q, k, v = random_inputs((50, 4, 64), (50, 2, 64), (50, 2, 64), dtype=torch.float16, seed=5)
+    cu = torch.tensor([0, 20, 50], dtype=torch.int32)
+    info = attngen.explain(q, k, v, causal=True, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=30,
+                           max_seqlen_k=30)
+    assert info["kernel"] == "attn_fwd_fp16_hd64_gqa2_doc_causal_sm80" and info["layout"] == "packed"
+    assert info["backward"]["kernel"] == "attn_bwd_fp16_hd64_gqa2_doc_causal_sm80"
+    assert info["bucket"] == "q32_k32_bh8"
+    with pytest.raises(ValueError, match="max_seqlen_q: 10 is below the longest document"):
+        attngen.explain(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=10, max_seqlen_k=30)
+
+
+def test_explain_reports_the_config_a_host_bound_call_runs(monkeypatch):
+    """An sm90 warp-specialized config on a host-bound shape runs the Triton pointer kernel with
+    that kernel's own tiles: the plan's config and explain() say so, not the table's choice."""
+    from attngen.runtime import dispatch
+    from attngen.tuning.space import WS_DEFAULT, triton_fallback
+
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
+        (WS_DEFAULT, "test") if spec.family == "fwd" else (dispatch.family("bwd").default(spec, "cpu"), "test")))
+    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    try:
+        q, k, v = inputs(b=1, hq=4, hkv=1, sq=64, sk=64, d=128)
+        info = attngen.explain(q, k, v, causal=True)
+    finally:
+        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    runs = triton_fallback(WS_DEFAULT, KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal"))
+    assert info["config"]["consumers"] == 0 and info["config"]["tma"] is False
+    assert (info["config"]["block_m"], info["config"]["block_n"]) == (runs.block_m, runs.block_n)
+    assert "host-bound" in info["config_source"]
+    (launch,) = info["launches"]
+    assert launch["entry"] == "_attn_fwd" and launch["block_m"] == runs.block_m
 
 
 def test_warmup_runs_each_bucket():
