@@ -40,8 +40,16 @@ def template_hash(spec: KernelSpec, root: Path | None = None) -> str:
     """Hash of the family template and every shared partial it imports, directly or through
     another partial (so a partial only the forward uses leaves the backward's hash, and its tuned
     winners, alone)."""
+    return family_template_hash(spec.family, root)
+
+
+def family_template_hash(family: str, root: Path | None = None) -> str:
+    """template_hash of every kernel of `family` (the hash depends on the family only)."""
     root = root or env.templates_dir()
-    family = template_name(spec)
+    try:
+        family = FAMILY_TEMPLATES[family]
+    except KeyError:
+        raise CodegenError(f"no template for kernel family {family!r}") from None
     names = [family, *sorted(set(_imported(family, Path(root))) - {family})]
     return sha256("\n".join(f"{n}\n{(root / n).read_text()}" for n in names))[:16]
 

@@ -345,9 +345,14 @@ BWD_SPACE: dict[str, tuple] = {
     "atomic_dq": (False, True),
 }
 TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -> candidates
-    # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case
-    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True)},
-    ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True)},
+    # warp_specialize stays a knob but out of the default search: it lost on every H200 probe case.
+    # The Gluon kernels' knobs (consumers, pair_tiles; consumers, dq_consumers, roles) are in it:
+    # those kernels are the sm90 defaults, so the tuner measures them beside the Triton kernels
+    # (check_ws / check_ws_bwd drop their combinations that cannot launch before any compile)
+    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True), "consumers": (0, 1, 2),
+                      "pair_tiles": (False, True)},
+    ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True), "consumers": (0, 2),
+                      "dq_consumers": (0, 2), "roles": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
 

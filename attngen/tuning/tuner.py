@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -229,11 +230,27 @@ def _parse_value(name: str, value, type_) -> object:
 
 def space_for(spec: KernelSpec, fixed: dict | None = None) -> dict[str, tuple]:
     """The search space of a kernel: its family's config fields -> candidates (space.py), with
-    the --fix fields pinned."""
+    the --fix fields pinned, and without the candidate values no valid config of this kernel
+    takes (e.g. the Gluon kernels' knobs at a head dim they do not exist for), so the sampler
+    never proposes them."""
     sp = space.search_space(family_of(spec.family).config, spec.family, spec.target)
     for name, value in (fixed or {}).items():
         sp[name] = (value,)
-    return sp
+    return dict(_drop_never_valid(spec, tuple(sp.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _drop_never_valid(spec: KernelSpec, items: tuple) -> tuple:
+    fam = family_of(spec.family)
+    names = [name for name, _ in items]
+    used: dict[str, set] = {name: set() for name in names}
+    for values in itertools.product(*(cands for _, cands in items)):
+        if fam.check(spec, fam.config(**dict(zip(names, values)))) is None:
+            for name, value in zip(names, values):
+                used[name].add(value)
+    if not used[names[0]]:  # nothing valid: the space as it is (the study reports it)
+        return items
+    return tuple((name, tuple(c for c in cands if c in used[name])) for name, cands in items)
 
 
 def valid_count(spec: KernelSpec, space_: dict[str, tuple] | None = None) -> int:

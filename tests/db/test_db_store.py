@@ -283,6 +283,28 @@ def test_cli_export_import_round_trip(tmp_path, capsys):
     assert cli(["db", "show", "--storage", str(b)]) == 0
     out = capsys.readouterr().out
     assert "attn_fwd_x_sm90" in out and "q4096_k4096_bh64" in out and "+33.3%" in out
+    assert "hash1 stale" in out  # tuned on templates other than the current ones
+
+
+def test_cli_show_marks_only_stale_winners(tmp_path, capsys):
+    from attngen.codegen.render import family_template_hash
+
+    db = tmp_path / "a.sqlite"
+    _fill(f"sqlite:///{db}", uri="attn_fwd_old_sm90")
+    current = family_template_hash("fwd")
+    with dbs.Store(str(db), "write") as st, st.session() as s:
+        dev = dbs.find_or_add_device(s, DEVICE)
+        k = dbs.find_or_add_kernel(s, "attn_fwd_new_sm90", current, "fwd", {"family": "fwd"})
+        b = dbs.find_or_add_bucket(s, "q4096_k4096_bh64")
+        t = dbs.add_trial(s, kernel=k, device=dev, bucket=b, config=_cfg(32), status="ok", shape={},
+                          time_ms=1.0, tflops=300.0, is_default=True, study_name="st2")
+        assert dbs.offer_winner(s, t, "h100", 1.0, 300.0)
+    capsys.readouterr()
+    assert cli(["db", "show", "--storage", str(db)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    old = next(ln for ln in lines if "attn_fwd_old_sm90" in ln)
+    new = next(ln for ln in lines if "attn_fwd_new_sm90" in ln)
+    assert "hash1 stale" in old and current in new and "stale" not in new
     (tmp_path / "junk.json").write_text("{")
     assert cli(["db", "import", str(tmp_path / "junk.json"), "--storage", str(b)]) == 2
     assert "not JSON" in capsys.readouterr().err

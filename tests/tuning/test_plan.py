@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 
 from attngen.env import REPO_ROOT
-from attngen.spec import load_spec
+from attngen.spec import KernelSpec, load_spec
 from attngen.tuning import space, tuner
 from attngen.tuning.buckets import parse_bucket
 from attngen.tuning.devices import DeviceInfo, check_profile
+from attngen.tuning.space import FwdConfig
 
 SPECS = REPO_ROOT / "specs"
 
@@ -80,3 +81,22 @@ def test_fix_pins_fields_of_the_kernels_that_have_them():
     with pytest.raises(tuner.TuneError, match="expected true or false"):
         tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic_dq": "no"}))
     assert tuner.pin(pinned["fwd"].spec, {"block_m": "64"}) == {"block_m": 64}
+
+
+def test_space_drops_values_no_valid_config_takes():
+    """The Gluon kernels' knobs are in the sm90 space where those kernels exist (so the tuner
+    measures the kernels that serve by default) and dropped where no valid config takes them."""
+    from attngen.tuning import tuner
+    from attngen.tuning.space import WS_DEFAULT
+
+    d128 = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
+    d96 = KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal")
+    sp128, sp96 = tuner.space_for(d128), tuner.space_for(d96)
+    assert sp128["consumers"] == (0, 1, 2) and sp128["pair_tiles"] == (False, True)
+    assert tuner.in_space(WS_DEFAULT.as_dict(), sp128)
+    assert sp96["consumers"] == (0,) and sp96["pair_tiles"] == (False,)
+    assert tuner.valid_count(d96, sp96) == tuner.valid_count(d96, space.search_space(
+        FwdConfig, "fwd", "sm90")), "dropping never-valid values lost valid configs"
+    bwd = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    assert tuner.space_for(bwd)["dq_consumers"] == (0, 2)
+    assert tuner.space_for(bwd, {"consumers": 2})["split_dkdv"] == (False,)

@@ -328,3 +328,20 @@ def test_pinned_grid_measures_its_whole_space_when_the_default_lies_outside(tmp_
             and t["config"]["num_warps"] == other}
     assert len(grid) == len([c for c in VALID if c.num_warps == other])
     assert [t["config"]["num_warps"] for t in trials if t["is_default"]] == [DEFAULT.num_warps]
+
+
+def test_timeout_ends_the_run_between_trials_and_says_what_is_left(tmp_path, small_space, monkeypatch, capsys):
+    """--timeout S: the trial in flight finishes, no study starts after the deadline, the database
+    holds what was measured (consistent), and the run says how many studies are left."""
+    monkeypatch.setenv("ATTNGEN_FAKE_TIMER_SLEEP", "0.3")
+    db = tmp_path / "t.sqlite"
+    argv = tune_argv(db, "--timeout", "1", trials=40)
+    argv[argv.index("--shapes") + 1] = f"{BUCKET},q32_k32_bh4"
+    t0 = time.monotonic()
+    assert cli(argv) == 0
+    assert time.monotonic() - t0 < 60
+    out = capsys.readouterr()
+    assert "--timeout reached: 1 studies left" in out.out + out.err
+    trials = check_consistent(db)
+    assert {t["bucket"] for t in trials} == {BUCKET}, "a study started after the deadline"
+    assert 1 <= len([t for t in trials if t["status"] == "ok"]) < 40

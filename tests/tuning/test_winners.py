@@ -258,3 +258,42 @@ def test_runtime_import_is_light(db):
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATTNGEN_DB": str(db)},
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_database(db, monkeypatch):
+    """End to end on the CPU: a winner for the kernel a call plans (its current template hash,
+    device class h100) is the config the plan launches; the warm call does not look it up again."""
+    import torch
+
+    import attngen
+    from attngen.runtime import api, dispatch, loader
+    from attngen.spec import KernelSpec
+    from attngen.testing import assert_flash_rule, attention_ref, random_inputs
+    from attngen.tuning.buckets import bucket_of
+
+    spec = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
+    tuned = FwdConfig(32, 32, 4, 1)  # not the default table's choice for any class
+    assert dispatch.family("fwd").default(spec, "cuda", 64) != tuned
+    key = bucket_of(40, 40, 4).key
+    write(db, [(spec.uri, loader.load(spec).TEMPLATE_HASH, "fwd", "h100", key, dataclasses.asdict(tuned))])
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
+    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    lookups = []
+    real = winners.lookup
+    monkeypatch.setattr(winners, "lookup", lambda *a: lookups.append(a) or real(*a))
+    try:
+        q, k, v = random_inputs((1, 4, 40, 128), (1, 1, 40, 128), (1, 1, 40, 128), dtype=torch.float16, seed=9)
+        out = attngen.attention(q, k, v, causal=True)
+        plan = next(iter(api._FWD.values()))
+        assert plan.spec.uri == spec.uri and plan.config_source == "tuned" and plan.config == tuned
+        assert plan.launches_spec[0].values["BLOCK_M"] == 32
+        assert len(lookups) == 1
+        again = attngen.attention(q, k, v, causal=True)
+        assert len(lookups) == 1, "a warm call read the tuning database"
+        assert torch.equal(out, again)
+        ref, _ = attention_ref(q, k, v, causal=True)
+        pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+        assert_flash_rule("tuned config", out, ref, pt, 2.0)
+    finally:
+        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
