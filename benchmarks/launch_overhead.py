@@ -3,19 +3,25 @@
     python3 benchmarks/launch_overhead.py --out results.json
 
 Host time: the mean wall time of N back-to-back calls, measured while the GPU is idle (tiny shapes:
-the launch path, not the kernel, is what is timed), after warm-up. Providers, in one process:
-  attngen          attngen.attention (no grad; with grad: forward with requires_grad inputs)
+the launch path, not the kernel, is what is timed), after warm-up; each provider is measured
+--repeats times, interleaved, and the median is reported (all repeats are in the JSON).
+Providers, in one process, without and with grad (requires_grad inputs, forward only timed):
+  attngen          attngen.attention
   bare launch      the same compiled Triton kernel launched directly (CompiledKernel.run), outputs
-                   preallocated: the floor of any Python launcher
+                   preallocated: the floor of any Python launcher; with grad, that launch inside a
+                   minimal torch.autograd.Function (the floor of any differentiable Python op)
   sdpa             torch.nn.functional.scaled_dot_product_attention (its default backend)
   flex             torch.nn.attention.flex_attention (compiled once)
-Compiles: Triton kernel-cache entries added while S sweeps 1000..1100 after warming S = 1000.
+Compiles: Triton kernel-cache entries added while S sweeps 1000..1100 after warming S = 1000
+(B2 Hq8/Hkv2 hd128 causal: a shape the sm90 kernels serve, forward and forward+backward).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import subprocess
 import time
 
 import torch
@@ -59,12 +65,35 @@ def count_compiles(fns) -> int:
     return sum(len(c[0]) for f in fns for c in f.device_caches.values())
 
 
+class _BareFn(torch.autograd.Function):
+    """The floor of a differentiable launch: the bare launch in the lightest autograd Function
+    (one output allocation, as any op that returns a new tensor)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, launch):
+        launch()
+        return torch.empty_like(q)
+
+    @staticmethod
+    def backward(ctx, dout):
+        return None, None, None, None
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--commit", default=None, help="the tree measured (default: git rev-parse HEAD)")
     args = ap.parse_args()
     dev = "cuda"
-    rows = []
     B, H, S, D = 1, 4, 64, 64
     q, k, v = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(3))
     kw = dict(causal=True)
@@ -81,33 +110,35 @@ def main():
     def bare():
         kern.run(la.grid, 1, 1, stream, kern.function, kern.packed_metadata, None, None, None, *args_, *la.tail)
 
-    rows.append({"provider": "attngen", "grad": False, "host_us": host_us(lambda: attngen.attention(q, k, v, **kw))})
-    rows.append({"provider": "bare launch", "grad": False, "host_us": host_us(bare)})
-    if plan.descriptors:  # the same call through the pointer kernel's plan (no descriptors to build)
-        pplan = plan._pointer_plan()
-        pplan.run(q, k, v)
-        rows.append({"provider": "attngen plan.run, pointer kernel", "grad": False,
-                     "host_us": host_us(lambda: pplan.run(q, k, v))})
-        pla = pplan.launches[0]
-        pk, pargs = pla.kernel, pla.pick(tensors)
-        rows.append({"provider": "bare launch, pointer kernel", "grad": False, "host_us": host_us(
-            lambda: pk.run(pla.grid, 1, 1, stream, pk.function, pk.packed_metadata, None, None, None,
-                           *pargs, *pla.tail))})
-    rows.append({"provider": "sdpa", "grad": False, "host_us": host_us(
-        lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))})
+    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
+    providers = [
+        ("attngen", False, lambda: attngen.attention(q, k, v, **kw)),
+        ("bare launch", False, bare),
+        ("sdpa", False, lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)),
+        ("attngen", True, lambda: attngen.attention(qg, kg, vg, **kw)),
+        ("bare launch", True, lambda: _BareFn.apply(qg, kg, vg, bare)),
+        ("sdpa", True, lambda: torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True)),
+    ]
+    errors = []
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         bm = create_block_mask(lambda b, h, qi, ki: qi >= ki, B, H, S, S, device=dev)
         flex = torch.compile(flex_attention)
         flex(q, k, v, block_mask=bm)
-        rows.append({"provider": "flex", "grad": False, "host_us": host_us(lambda: flex(q, k, v, block_mask=bm))})
+        flex(qg, kg, vg, block_mask=bm)
+        providers += [("flex", False, lambda: flex(q, k, v, block_mask=bm)),
+                      ("flex", True, lambda: flex(qg, kg, vg, block_mask=bm))]
     except Exception as exc:  # noqa: BLE001
-        rows.append({"provider": "flex", "grad": False, "error": str(exc)[:200]})
-    qg, kg, vg = (t.clone().requires_grad_(True) for t in (q, k, v))
-    rows.append({"provider": "attngen", "grad": True, "host_us": host_us(lambda: attngen.attention(qg, kg, vg, **kw), 500)})
-    rows.append({"provider": "sdpa", "grad": True, "host_us": host_us(
-        lambda: torch.nn.functional.scaled_dot_product_attention(qg, kg, vg, is_causal=True), 500)})
+        errors.append({"provider": "flex", "error": str(exc)[:200]})
+    samples = {(name, grad): [] for name, grad, _ in providers}
+    for _ in range(args.repeats):
+        for name, grad, fn in providers:
+            samples[(name, grad)].append(host_us(fn, 2000 if not grad else 1000))
+    rows = [{"provider": name, "grad": grad, "host_us": statistics.median(samples[(name, grad)]),
+             "repeats_us": samples[(name, grad)]} for name, grad, _ in providers] + errors
+    for r in rows:
+        print(r, flush=True)
 
     # compiles while S sweeps 1000..1100 (forward and backward), after warming S = 1000
     comp = {}
@@ -129,7 +160,14 @@ def main():
         torch.cuda.synchronize()
         comp["fwd+bwd" if grad else "fwd"] = {"lengths": 101, "compiles": count_compiles(compiled_fns()) - before,
                                              "seconds": round(time.perf_counter() - t0, 2)}
-    res = {"gpu": torch.cuda.get_device_name(), "kernel": la.fn.__name__, "config": plan.config.as_dict(), "torch": torch.__version__, "triton": triton.__version__,
+    sweep = attngen.explain(torch.empty(2, 8, 1050, 128, device=dev, dtype=torch.bfloat16),
+                            *(torch.empty(2, 2, 1050, 128, device=dev, dtype=torch.bfloat16),) * 2,
+                            causal=True)
+    res = {"gpu": torch.cuda.get_device_name(), "commit": args.commit or git_commit(),
+           "kernel": la.fn.__name__, "config": plan.config.as_dict(), "torch": torch.__version__,
+           "triton": triton.__version__,
+           "sweep_kernels": {"fwd": [x["entry"] for x in sweep["launches"]],
+                             "bwd_kernel": sweep["backward"]["kernel"]},
            "shape": {"B": B, "H": H, "S": S, "D": D, "causal": True, "dtype": "bf16"},
            "host_us": rows, "recompiles_while_S_sweeps": comp}
     print(json.dumps(res, indent=1))
