@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 LOG2E = 1.4426950408889634
 UNBOUNDED = 1 << 30  # a window side of -1 (unbounded) becomes this many keys
+# The longest sequence (and packed document) the kernels take: their mask bounds (row + diagonal
+# offset + window side, each below 2^30) stay int32, with a block of headroom
+MAX_SEQLEN = UNBOUNDED - 1024
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ def mask_kind(causal: bool, window_size: tuple[int, int]) -> tuple[str, int, int
         right = 0
     if left < 0 and (right < 0 or (causal and right == 0)):
         return ("causal", UNBOUNDED, 0) if causal else ("none", UNBOUNDED, UNBOUNDED)
-    return ("sliding_window", UNBOUNDED if left < 0 else left, UNBOUNDED if right < 0 else right)
+    # a side wider than any sequence is no limit: it becomes UNBOUNDED (int32-safe mask bounds)
+    return ("sliding_window", UNBOUNDED if left < 0 else min(left, UNBOUNDED),
+            UNBOUNDED if right < 0 else min(right, UNBOUNDED))
 
 
 def default_scale(head_dim: int) -> float:

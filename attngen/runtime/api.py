@@ -23,7 +23,7 @@ import torch
 
 from attngen import env
 from attngen.families import family
-from attngen.kernels.common import MaskArgs, default_scale, mask_kind
+from attngen.kernels.common import MAX_SEQLEN, MaskArgs, default_scale, mask_kind
 from attngen.runtime import dispatch, loader
 from attngen.kernels.launch import make_descriptors
 from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
@@ -155,8 +155,9 @@ def check_dense(q, k, v, layout: str) -> torch.dtype:
         _fail(f"v: sequence length {Sv} differs from k's {Sk}")
     check_heads(Hq, Hkv, Hv, D, Dk, Dv)
     for name, n in (("q", Sq), ("k", Sk)):
-        if n >= (1 << 31) - 1024:
-            _fail(f"{name}: sequence length {n} is beyond what the kernels index (2^31 - 1024)")
+        if n > MAX_SEQLEN:
+            _fail(f"{name}: sequence length {n} is above the kernels' maximum {MAX_SEQLEN} (2^30 - "
+                  f"1024: their mask bounds are int32); split the sequence into several calls")
     return dtype
 
 
@@ -574,6 +575,9 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k) -> torch.dtype:
     for name, mx in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if not isinstance(mx, int) or isinstance(mx, bool) or mx < 0:
             _fail(f"{name}: must be an int >= 0, got {mx!r}")
+        if mx > MAX_SEQLEN:
+            _fail(f"{name}: {mx} is above the kernels' longest document {MAX_SEQLEN} (2^30 - 1024: "
+                  f"their mask bounds are int32); split the document")
     return dtype
 
 

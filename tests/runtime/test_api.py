@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import attngen
+from attngen.kernels.common import MAX_SEQLEN, UNBOUNDED, mask_kind
+from attngen.runtime import api
 from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,3 +162,32 @@ def test_varlen_check_repeats_after_in_place_change():
     cu[1] = 11
     with pytest.raises(ValueError, match="^cu_seqlens_q: must be non-decreasing"):
         attngen.attention_varlen(q, q, q, cu, cu, 6, 6)
+
+
+@pytest.mark.parametrize("arg, shapes", [
+    ("q", [(1, 1, MAX_SEQLEN + 1, 8), (1, 1, 16, 8), (1, 1, 16, 8)]),
+    ("k", [(1, 1, 16, 8), (1, 1, MAX_SEQLEN + 1, 8), (1, 1, MAX_SEQLEN + 1, 8)]),
+])
+def test_sequence_past_the_int32_mask_bounds_is_a_clear_error(arg, shapes):
+    """Longer than 2^30 - 1024 tokens, the kernels' int32 mask bounds (row + diagonal + window)
+    could wrap: the call stops before any allocation or launch (meta tensors: no memory)."""
+    q, k, v = (torch.empty(s, dtype=torch.float16, device="meta") for s in shapes)
+    with pytest.raises(ValueError, match=rf"^{arg}: sequence length {MAX_SEQLEN + 1} is above"):
+        attngen.attention(q, k, v, causal=True)
+    ok = [(1, 1, min(s[2], MAX_SEQLEN), 8) for s in shapes]
+    api.check_dense(*(torch.empty(s, dtype=torch.float16, device="meta") for s in ok), "bhsd")
+
+
+def test_varlen_document_past_the_int32_mask_bounds_is_a_clear_error():
+    q, k, v = (torch.empty(16, 1, 8, dtype=torch.float16) for _ in range(3))
+    cu = torch.tensor([0, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^max_seqlen_k: \d+ is above the kernels' longest document"):
+        attngen.attention_varlen(q, k, v, cu, cu, 16, MAX_SEQLEN + 1)
+
+
+def test_window_wider_than_any_sequence_is_unbounded():
+    """A window side past 2^30 keys means no limit there (int32-safe mask bounds)."""
+    assert mask_kind(False, (1 << 40, 5)) == ("sliding_window", UNBOUNDED, 5)
+    q, k, v = random_inputs((1, 2, 37, 16), (1, 2, 37, 16), (1, 2, 37, 16), dtype=torch.float16, seed=3)
+    wide = attngen.attention(q, k, v, window_size=(1 << 40, 4))
+    assert torch.equal(wide, attngen.attention(q, k, v, window_size=(-1, 4)))
