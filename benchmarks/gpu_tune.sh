@@ -74,7 +74,7 @@ main() {
   # The comparison runs over the Triton TMA forward kernel's space: the sm90-only knobs that
   # TARGET_SPACES adds pinned (tma on, q_regs as the kernel's default, the Gluon kernel's
   # consumers / pair_tiles off: its own space is a handful of configs, too few for a 30 % budget to
-  # mean anything), so the exhaustive grid fits the time; the TPE budget is 30 % of that space's
+  # mean anything) and lazy_rescale at the kernel's default, so the exhaustive grid fits the time; the TPE budget is 30 % of that space's
   # valid configs. compare_args SPEC URI -> "BUDGET --fix F=V ...".
   compare_args() {
     python3 - "$1" "$2" <<'PY'
@@ -83,7 +83,7 @@ from attngen.tuning import space, tuner
 t = tuner.plan(tuner.TuneOptions(device="h100", specs=[sys.argv[1]], kernels=sys.argv[2]))[0]
 dflt = tuner.default_config(t.spec, "cuda", t.bucket.seqlen_q)
 fixed = {k: getattr(dflt, k) for k in space.TARGET_SPACES.get(("fwd", t.spec.target), {})}
-fixed.update(tma=True, consumers=0, pair_tiles=False)
+fixed.update(tma=True, consumers=0, pair_tiles=False, lazy_rescale=dflt.lazy_rescale)
 sp = tuner.space_for(t.spec, fixed)
 print(max(1, int(0.3 * tuner.valid_count(t.spec, sp))), *(f"--fix {k}={v}" for k, v in fixed.items()))
 PY
@@ -108,6 +108,7 @@ PY
     --trials "$BL" --storage "$TPE" "${PIN_L[@]}"
   run tpe_gemma 50 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
     --trials "$BG" --storage "$TPE" "${PIN_G[@]}"
+  cp "$GRID" "$OUT/compare_grid.sqlite"; cp "$TPE" "$OUT/compare_tpe.sqlite"  # `db compare` reruns anywhere
   run compare 90 python3 -m $CLI db compare --exhaustive "$GRID" --search "$TPE" --seeds 20 \
     --out "$OUT/compare_search.json"
   fi

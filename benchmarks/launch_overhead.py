@@ -137,6 +137,26 @@ def main():
             samples[(name, grad)].append(host_us(fn, 2000 if not grad else 1000))
     rows = [{"provider": name, "grad": grad, "host_us": statistics.median(samples[(name, grad)]),
              "repeats_us": samples[(name, grad)]} for name, grad, _ in providers] + errors
+
+    # a new sequence length on every call (B1 H4 hd64 causal, S = 1000 .. 1499, each once): every
+    # call is a plan miss -- validation, kernel and config from the bucket, launch values, the
+    # first launch through Triton's JIT (no compile: lengths are not specialized)
+    seqs = [(torch.randn(1, 4, n, 64, device=dev, dtype=torch.bfloat16),
+             torch.randn(1, 4, n, 64, device=dev, dtype=torch.bfloat16)) for n in range(1000, 1500)]
+    for qn, kn in seqs[:2]:  # the bucket's kernel compiled once
+        attngen.attention(qn, kn, kn, causal=True)
+    for name, fn in (("attngen, new length every call", lambda qn, kn: attngen.attention(qn, kn, kn, causal=True)),
+                     ("sdpa, new length every call", lambda qn, kn: torch.nn.functional.scaled_dot_product_attention(
+                         qn, kn, kn, is_causal=True))):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for qn, kn in seqs[2:]:
+            fn(qn, kn)
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        rows.append({"provider": name, "grad": False, "host_us": (t1 - t0) / (len(seqs) - 2) * 1e6,
+                     "note": "host time per call while the GPU runs behind; each call a new length"})
+        print(rows[-1], flush=True)
     for r in rows:
         print(r, flush=True)
 

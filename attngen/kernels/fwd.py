@@ -59,7 +59,9 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
             persist = bool(cfg.persistent) and packed
             values.update(BLOCK_M=cfg.block_m, KV_STAGES=cfg.num_stages, CONSUMER_REGS=WS_CONSUMER_REGS,
                           PAIR=bool(cfg.pair_tiles), PERSIST=persist, CONSUMERS=cfg.consumers, num_items=items)
-            grid = min(items, sm_count(q.device)) if persist else programs(prog_blocks, bh, "q")
+            grid = programs(prog_blocks, bh, "q")  # the work items: int32 in the kernel too
+            if persist:
+                grid = min(grid, sm_count(q.device))
             # packed documents: host descriptors for Q, K and V from each document's first row; O
             # through pointer stores
             return [Launch(mod._attn_fwd_ws, grid, values, cfg.num_warps, 1,

@@ -157,11 +157,14 @@ def _gluon_layout(block: tuple, dtype):
 
 
 def programs(blocks: int, batch_heads: int, what: str) -> int:
-    """Programs of a (sequence blocks x batch x heads) 1-D grid; a clear error past CUDA's limit."""
+    """Programs of a (sequence blocks x batch x heads) 1-D grid (packed documents: documents x
+    heads); a clear error past CUDA's limit, saying how far to split the call."""
     n = blocks * batch_heads
     if n > MAX_GRID:
-        raise ValueError(f"{what}: {blocks} blocks x {batch_heads} (batch x heads) = {n} programs is "
-                         f"above CUDA's grid limit {MAX_GRID}; use larger blocks or split the call")
+        raise ValueError(f"{what}: {blocks} blocks x {batch_heads} (batch or documents) x heads = {n} "
+                         f"programs is above CUDA's grid limit {MAX_GRID}; split the batch (or the "
+                         f"packed documents) into several calls of at most {MAX_GRID // max(blocks, 1)} "
+                         f"(batch or documents) x heads each")
     return n
 
 
