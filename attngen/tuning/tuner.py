@@ -883,10 +883,15 @@ def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: f
         if not ok:
             continue
         best = min(ok)
-        se_mine = [t for t in se_trials if key_of(t) == key and t["status"] != "invalid"]
+        # the search's pick within the space (its database winner may be the default measured
+        # outside it, as in the exhaustive study), and the space's configs it measured
+        se_mine = [t for t in se_trials if key_of(t) == key and t["status"] != "invalid"
+                   and in_space(t["config"], space_)]
         se_measured = len({schema.config_json(t["config"]) for t in se_mine})
         se_studies = sorted({t["study_name"] or "" for t in se_mine})
-        picked = tab.get(schema.config_json(w.config))
+        se_ok = [t for t in se_mine if t["status"] == "ok"]
+        se_best = min(se_ok, key=lambda t: t["time_ms"]) if se_ok else None
+        picked = tab.get(schema.config_json(se_best["config"])) if se_best else None
         budget = max(1, int(budget_frac * len(tab)))
         valid = valid_count(spec, space_)
         dflt = dataclasses.asdict(default_config(spec, "cuda", schema.bucket_fields(w.bucket)[0]))
@@ -907,9 +912,11 @@ def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: f
             "space_valid": valid, "exhaustive_complete": len(tab) >= valid,
             "exhaustive_measured": len(tab), "exhaustive_best_ms": best,
             "search_measured": se_measured, "search_fraction": frac,
-            "search_winner": w.config, "search_winner_ms_live": w.time_ms,
+            "search_winner": se_best["config"] if se_best else None,
+            "search_winner_ms_live": se_best["time_ms"] if se_best else None,
             "search_winner_ms_in_exhaustive_run": picked,
-            "gap": gap, "gap_live": w.time_ms / best - 1,
+            "database_winner": w.config, "database_winner_in_space": in_space(w.config, space_),
+            "gap": gap, "gap_live": se_best["time_ms"] / best - 1 if se_best else None,
             "meets_goal": (gap is not None and gap <= goal_gap and frac <= budget_frac + 1e-9
                            and len(tab) >= valid),
             "replay_budget": budget, "replay_seeds": seeds, "replay": rep,

@@ -294,6 +294,19 @@ def test_compare_grid_with_search(tmp_path, grid_db, small_space):
     assert json.loads((tmp_path / "c.json").read_text())["rows"][0]["uri"] == URI
 
 
+def test_compare_takes_the_searchs_best_inside_the_space(tmp_path, small_space):
+    """The tuner measures the default first even when --fix pins it out of the space, and it may
+    win the database; the comparison is about the space: it takes the search's best config in it."""
+    fix = ["--fix", "block_n=128"]  # the default has 64
+    grid, tpe = tmp_path / "grid.sqlite", tmp_path / "tpe.sqlite"
+    assert cli(tune_argv(grid, "--sampler", "grid", "--quiet", *fix, trials=100)) == 0
+    assert cli(tune_argv(tpe, "--quiet", *fix, trials=4)) == 0
+    (r,) = tuner.compare(str(grid), str(tpe), seeds=2)["rows"]
+    assert r["search_winner"]["block_n"] == 128 and r["search_winner_ms_in_exhaustive_run"] is not None
+    assert r["search_measured"] == 4 and r["gap"] is not None
+    assert r["database_winner_in_space"] == (r["database_winner"]["block_n"] == 128)
+
+
 def test_replay_finds_the_best_of_a_table():
     sp = {"a": (1, 2, 3, 4), "b": (1, 2, 3, 4)}
     table = {json.dumps({"a": a, "b": b}, sort_keys=True, separators=(",", ":")): 1.0 + abs(a - 3) + abs(b - 2)
