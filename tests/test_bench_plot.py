@@ -5,7 +5,9 @@ says so. matplotlib is in the `test` extra, so CI runs these."""
 from __future__ import annotations
 
 import json
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +98,38 @@ def test_cli_redraws_a_committed_run_without_a_gpu(path, tmp_path, capsys):
     again = tmp_path / "again.png"
     assert main(["bench", "--plot", str(again), "--from", str(path)]) == 0
     assert again.read_bytes() == data
+
+
+def readme_plots() -> list[tuple[Path, Path]]:
+    """(results JSON, committed PNG) for every image in README.md drawn from a results file beside it."""
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", (REPO_ROOT / "README.md").read_text())
+    return [(png.with_suffix(".json"), png) for png in (REPO_ROOT / p for p in images)
+            if png.with_suffix(".json").exists()]
+
+
+# mean |difference| of the RGBA values in [0, 1], for another matplotlib / FreeType drawing text
+# edges a little differently. Measured: the redraw equals the committed PNG byte for byte
+# (matplotlib 3.11); set against the PNGs of the other committed H200 runs it differs by 0.004 to
+# 0.014, with the tallest bar 5 % higher by 0.004, with all text un-antialiased by 0.0035.
+MAX_MEAN_DIFF = 0.003
+
+
+def test_readme_plot_is_a_redraw_of_its_committed_results(tmp_path, capsys):
+    """The README's benchmark picture is what `attngen bench --plot FILE --from JSON` draws from
+    the committed results beside it: same size, pixels within MAX_MEAN_DIFF."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    pairs = readme_plots()
+    assert [p.name for _, p in pairs] == ["h200_bench_both_docs_2026-12-01.png"], pairs
+    for results, committed in pairs:
+        out = tmp_path / committed.name
+        assert main(["bench", "--plot", str(out), "--from", str(results)]) == 0, capsys.readouterr().err
+        want, got = imread(committed), imread(out)
+        assert got.shape == want.shape, f"{committed.name}: redrawn {got.shape}, committed {want.shape}"
+        diff = float(abs(got.astype("float64") - want.astype("float64")).mean())
+        assert diff < MAX_MEAN_DIFF, (f"{committed.name}: the redraw from {results.name} differs by "
+                                      f"{diff:.4f} per pixel on average (at most {MAX_MEAN_DIFF})")
 
 
 def test_plot_of_a_measured_run_draws_what_it_measured(tmp_path):

@@ -113,6 +113,39 @@ def test_images_exist():
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), path
 
 
-@pytest.mark.parametrize("words", ["`attngen --version`", "`attngen` alone prints the usage"])
-def test_the_bare_command_and_version_are_explained(words):
-    assert words in README
+def test_version_is_explained():
+    assert "`attngen --version`" in README
+
+
+def test_bare_command_output_is_what_it_prints(tmp_path):
+    """The set-up section shows what `attngen` alone prints, and it is the real output (a fresh
+    process, at argparse's usual 80 columns), the exit status 0."""
+    section = README[README.index("## Set-up and main job"):README.index("## Tests")]
+    lang, shown = fenced_blocks(section[section.index("<!-- output: attngen -->"):])[0]
+    env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("FORCE_COLOR", None)
+    proc = subprocess.run([sys.executable, "-m", "attngen.cli"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lang == "text"
+
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.strip("\n").splitlines()]
+
+    assert lines(shown) == lines(proc.stdout), "README's `attngen` output is stale:\n" + proc.stdout
+
+
+def test_install_commands_pin_a_torch_the_project_allows():
+    """The CPU-index and CUDA-index commands of the set-up section pin a torch version that
+    pyproject.toml's requirement allows, each from PyTorch's own index."""
+    from packaging.requirements import Requirement
+
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    allowed = Requirement(re.search(r'^\s*"(torch[<>=!~ ][^"]*)",', pyproject, flags=re.M)[1]).specifier
+    section = README[README.index("## Set-up and main job"):README.index("## Tests")]
+    pins = re.findall(r"pip install torch==(\S+) --index-url https://download\.pytorch\.org/whl/(\w+)", section)
+    assert {index == "cpu" for _, index in pins} == {True, False}, pins  # a CPU and a CUDA command
+    for version, index in pins:
+        assert version in allowed, f"torch=={version} ({index}) is outside pyproject's torch{allowed}"
+        assert index == "cpu" or re.fullmatch(r"cu\d+", index), index

@@ -444,6 +444,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     from attngen.kernels.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
+    from attngen.testing import random_inputs
     from attngen.tuning.space import WS_DEFAULT, triton_fallback
 
     dense = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
@@ -458,8 +459,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
         text = render(other)
         assert "WS_FWD = False" in text and "gluon" not in text, other
 
-    q = torch.randn(1, 4, 33, 128, dtype=torch.bfloat16)
-    k, v = (torch.randn(1, 1, 33, 128, dtype=torch.bfloat16) for _ in range(2))
+    q, k, v = random_inputs((1, 4, 33, 128), (1, 1, 33, 128), (1, 1, 33, 128), dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, 4, 33)
     args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
     (launch,) = fwd_launches(loader.load(dense), dense, q, k, v, out, lse, args, WS_DEFAULT)
@@ -468,8 +468,8 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     assert (launch.values["BLOCK_M"], launch.values["BLOCK_N"], launch.num_warps) == (fb.block_m, fb.block_n, 4)
     assert launch.values["num_m_blocks"] == 1
     # asked for Gluon: one program per 128-row tile, or per mirrored pair of them with pair_tiles
-    q5 = torch.randn(2, 4, 5 * 128 - 3, 128, dtype=torch.bfloat16)
-    k5, v5 = (torch.randn(2, 1, 5 * 128 - 3, 128, dtype=torch.bfloat16) for _ in range(2))
+    q5, k5, v5 = random_inputs((2, 4, 5 * 128 - 3, 128), (2, 1, 5 * 128 - 3, 128), (2, 1, 5 * 128 - 3, 128),
+                               dtype=torch.bfloat16, seed=1)
     out5, lse5 = torch.empty_like(q5), torch.empty(2, 4, 5 * 128 - 3)
     for pair, programs in ((False, 5 * 2 * 4), (True, 3 * 2 * 4)):
         cfg = dataclasses.replace(WS_DEFAULT, pair_tiles=pair)
@@ -485,9 +485,10 @@ def _causal_bwd_call(hq: int, hkv: int, seqlen: int, d: int):
     import torch
 
     from attngen.kernels.common import MaskArgs
+    from attngen.testing import random_inputs
 
-    q, dout = (torch.randn(1, hq, seqlen, d, dtype=torch.bfloat16) for _ in range(2))
-    k, v = (torch.randn(1, hkv, seqlen, d, dtype=torch.bfloat16) for _ in range(2))
+    q, k, v, dout = random_inputs((1, hq, seqlen, d), (1, hkv, seqlen, d), (1, hkv, seqlen, d),
+                                  (1, hq, seqlen, d), dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(1, hq, seqlen)
     args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
     bufs = (out, dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
@@ -567,6 +568,7 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
     from attngen.kernels.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
+    from attngen.testing import random_inputs
     from attngen.tuning.space import DOCS_MIN_LEN, EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
 
     spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
@@ -576,8 +578,8 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
 
     def launches(lens):
         t = sum(lens)
-        q, out = torch.randn(t, 8, 128, dtype=torch.bfloat16), torch.empty(t, 8, 128, dtype=torch.bfloat16)
-        k, v = (torch.randn(t, 2, 128, dtype=torch.bfloat16) for _ in range(2))
+        q, k, v = random_inputs((t, 8, 128), (t, 2, 128), (t, 2, 128), dtype=torch.bfloat16)
+        out = torch.empty(t, 8, 128, dtype=torch.bfloat16)
         cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
         return fwd_launches(mod, spec, q, k, v, out, torch.empty(8, t), args, WS_DOCS, cu, cu, max(lens),
                             gluon=True)

@@ -14,15 +14,16 @@ from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, 
 pytestmark = pytest.mark.gpu
 
 
-def _inputs(shape_q, shape_kv, dtype, seed):
-    return random_inputs(shape_q, shape_kv, shape_kv, dtype=dtype, device="cuda", seed=seed)
+def _inputs(shape_q, shape_kv, dtype, seed, dout=False):
+    """q, k, v (and with dout=True an output gradient shaped like q), seeded."""
+    shapes = (shape_q, shape_kv, shape_kv) + ((shape_q,) if dout else ())
+    return random_inputs(*shapes, dtype=dtype, device="cuda", seed=seed)
 
 
 @pytest.mark.parametrize("kw", [dict(causal=True), dict(causal=True, window_size=(255, 0))],
                          ids=["causal", "swa"])
 def test_deterministic_backward_is_bitwise_stable(kw):
-    q, k, v = _inputs((2, 16, 2048, 128), (2, 4, 2048, 128), torch.bfloat16, 1)
-    dout = torch.randn_like(q)
+    q, k, v, dout = _inputs((2, 16, 2048, 128), (2, 4, 2048, 128), torch.bfloat16, 1, dout=True)
     first = None
     for _ in range(20):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -75,8 +76,7 @@ def test_varlen_documents(dtype, lens):
     lens = lens or [1, 17, 113, 1023, 300, 2048, 64, 511]
     hq, hkv, d = 8, 2, 128
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-    q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), dtype, 3)
-    dout = torch.randn_like(q)
+    q, k, v, dout = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), dtype, 3, dout=True)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     out, lse = attngen.attention_varlen(*leaves, cu, cu, max(lens), max(lens), causal=True,
                                         return_lse=True)
@@ -96,8 +96,7 @@ def test_varlen_documents_are_isolated(deterministic):
     lens = [113, 300, 1023, 64]
     hq, hkv, d = 8, 2, 128
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-    clean = list(_inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 4))
-    clean.append(torch.randn_like(clean[0]))
+    clean = list(_inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 4, dout=True))
     bad = [t.clone() for t in clean]
     lo, hi = lens[0], lens[0] + lens[1]  # document 1 poisoned
     for t in bad:
@@ -190,8 +189,7 @@ def test_varlen_gluon_backward_roles_matches_reference_and_isolates():
     lens = [1, 17, 113, 1023, 300, 64, 511]
     hq, hkv, d = 4, 2, 256
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
-    q, k, v = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 6)
-    dout = torch.randn_like(q)
+    q, k, v, dout = _inputs((sum(lens), hq, d), (sum(lens), hkv, d), torch.bfloat16, 6, dout=True)
     spec = KernelSpec("bwd", "bf16", "sm90", d, d, hq // hkv, "causal", varlen=True)
     cfg = dataclasses.replace(default_bwd_config(spec), tma=True, split_dkdv=False, block_m=64, block_n=64,
                               num_warps=4, num_stages=2, consumers=2, roles=True)

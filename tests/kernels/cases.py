@@ -25,9 +25,10 @@ def kernel_body(path: Path) -> str:
 
 def built_kernels(family: str, varlen: bool | None = None) -> list[tuple[KernelSpec, Path]]:
     """Every generated kernel of a family, one per distinct kernel body: a kernel whose code is
-    byte-identical to one already listed for the same dtype (today the sm90 twins of the sm80 FA2 kernels) would only
-    rerun the same code, so it is not listed (tests/codegen checks the twins really are identical
-    bodies; a target that gets code of its own is listed automatically)."""
+    byte-identical to one already listed for the same dtype would only rerun the same code, so it
+    is not listed. The bodies themselves are compared here (stamp lines left out), so a kernel is
+    skipped only while its code really is a twin's (no other test checks the twins), and a
+    target that gets code of its own is listed automatically."""
     manifest = json.loads((GENERATED / "manifest.json").read_text())["kernels"]
     out, seen = [], set()
     for uri, ent in sorted(manifest.items()):
