@@ -275,7 +275,7 @@ class _Entry:
         out = []
         for it in items:
             if not isinstance(it, str) or it not in choices:
-                self.bad(field, f"unknown value {it!r} (expected {', '.join(choices)})")
+                self.bad(field, f"unknown value {it!r} (expected {hint})")
                 return None
             if it in out:
                 self.bad(field, f"{it!r} is listed twice")
