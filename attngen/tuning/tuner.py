@@ -244,10 +244,15 @@ def _drop_never_valid(spec: KernelSpec, items: tuple) -> tuple:
     fam = family_of(spec.family)
     names = [name for name, _ in items]
     used: dict[str, set] = {name: set() for name in names}
+    missing = sum(len(cands) for _, cands in items)  # candidate values no valid config took yet
     for values in itertools.product(*(cands for _, cands in items)):
         if fam.check(spec, fam.config(**dict(zip(names, values)))) is None:
             for name, value in zip(names, values):
-                used[name].add(value)
+                if value not in used[name]:
+                    used[name].add(value)
+                    missing -= 1
+            if not missing:  # every value is taken by some valid config: nothing to drop
+                break
     if not used[names[0]]:  # nothing valid: the space as it is (the study reports it)
         return items
     return tuple((name, tuple(c for c in cands if c in used[name])) for name, cands in items)
