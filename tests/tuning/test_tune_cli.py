@@ -6,9 +6,11 @@ winner, --resume, the device check, Ctrl-C, --workers, and the grid-vs-TPE compa
 from __future__ import annotations
 
 import dataclasses
+import io
 import itertools
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -358,3 +360,34 @@ def test_timeout_ends_the_run_between_trials_and_says_what_is_left(tmp_path, sma
     trials = check_consistent(db)
     assert {t["bucket"] for t in trials} == {BUCKET}, "a study started after the deadline"
     assert 1 <= len([t for t in trials if t["status"] == "ok"]) < 40
+
+
+class _Terminal(io.StringIO):
+    """A stdout that says it is a terminal, so `attngen tune` draws rich's live progress."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_terminal_progress_shows_trials_best_and_eta(tmp_path, small_space, monkeypatch):
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stdout", term)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.delenv("TERM", raising=False)
+    db = tmp_path / "t.sqlite"
+    assert cli(tune_argv(db, trials=3)) == 0
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", term.getvalue())  # without the terminal codes
+    assert "studies" in shown and "ETA" in shown, shown[-2000:]
+    assert re.search(r"\b3/3\b", shown) and re.search(r"best \d+\.\d+ ms \d+ TFLOP/s", shown), shown[-2000:]
+    assert f"{URI} {BUCKET}: 3 measured; winner" in shown
+    check_consistent(db)
+
+
+def test_the_reserved_decode_bucket_is_a_clear_error(tmp_path, capsys):
+    db = tmp_path / "t.sqlite"
+    argv = tune_argv(db)
+    argv[argv.index("--shapes") + 1] = "q1_k1024_bh32"
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert "q1_k1024_bh32: the decode bucket (Sq = 1) is not tuned by these kernel families" in err
+    assert "Traceback" not in err and not db.exists()
