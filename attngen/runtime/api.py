@@ -396,6 +396,24 @@ _BWD = PlanCache()
 _FAST = PlanCache()  # attention()'s own argument key -> ForwardPlan (the eager no-grad fast path)
 
 
+def clear_plans() -> None:
+    """Forget every plan (compiled kernels stay compiled): tests and benchmarks that look at the
+    plans one call builds start from here."""
+    _FWD.clear(), _BWD.clear(), _FAST.clear()
+
+
+def plan_launches(plan) -> list[tuple[str, int]]:
+    """(kernel, programs) of each launch of a plan, or of the pointer plan it handed its calls to
+    (tensors the copy engine cannot take)."""
+    return [(la.fn.__name__, la.grid) for la in (getattr(plan, "_fallback", None) or plan).launches]
+
+
+def launched() -> dict[str, list[tuple[str, int]]]:
+    """plan_launches of every plan kept, forward and backward."""
+    return {"fwd": [x for p in _FWD.values() for x in plan_launches(p)],
+            "bwd": [x for p in _BWD.values() for x in plan_launches(p)]}
+
+
 def _fwd_key(q, k, v, opts, cu_q, max_q, max_k):
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
             None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override())

@@ -113,28 +113,10 @@ def abs_err(a, b) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max())
 
 
-def fresh_plans() -> None:
-    """Forget every plan, so that the next call's plans are the only ones `launched` sees."""
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
-
-
-def plan_launches(plan) -> list[tuple[str, int]]:
-    """(kernel, programs) of each launch of a runtime plan, or of the pointer plan it handed its
-    call to (tensors the copy engine could not take)."""
-    used = getattr(plan, "_fallback", None) or plan
-    return [(la.fn.__name__, la.grid) for la in used.launches]
-
-
-def launched() -> dict[str, list[tuple[str, int]]]:
-    """The launches of the plans built since fresh_plans(), forward and backward."""
-    return {"fwd": [x for p in api._FWD.values() for x in plan_launches(p)],
-            "bwd": [x for p in api._BWD.values() for x in plan_launches(p)]}
-
-
 def _finish(gpu_records, case: Edge, errs: dict[str, float], limits: dict[str, float], t0: float):
     """Record the case (shape, errors, launches), then assert every error within its limit and, on
     an sm90 GPU, the launches EDGES expects."""
-    got = launched()
+    got = api.launched()
     dev = torch.device(DEV, torch.cuda.current_device())
     want = case.expected(sm_count(dev))
     shape_q, shape_kv = case.shapes()
@@ -242,7 +224,7 @@ def test_long_context_bshd_past_2_31_elements(gpu_records):
     q, k, v, dout = random_inputs(shape_q, shape_kv, shape_kv, shape_q, dtype=BF16, device=DEV, seed=1)
     assert q.numel() >= 1 << 31
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    fresh_plans()
+    api.clear_plans()
     out, lse = attngen.attention(*leaves, causal=True, layout="bshd", return_lse=True)
     dq, dk, dv = torch.autograd.grad(out, leaves, dout)
     torch.cuda.synchronize()
@@ -260,7 +242,7 @@ def test_one_document_of_540000_tokens(gpu_records):
     S = case.doc_len
     cu = torch.tensor([0, S], dtype=torch.int32, device=DEV)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    fresh_plans()
+    api.clear_plans()
     out, lse = attngen.attention_varlen(*leaves, cu, cu, S, S, causal=True, return_lse=True)
     dq, dk, dv = torch.autograd.grad(out, leaves, dout)
     torch.cuda.synchronize()
@@ -274,7 +256,7 @@ def _dense_check(case: Edge, gpu_records, seed: int):
     shape_q, shape_kv = case.shapes()
     q, k, v, dout = random_inputs(shape_q, shape_kv, shape_kv, shape_q, dtype=BF16, device=DEV, seed=seed)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    fresh_plans()
+    api.clear_plans()
     out, lse = attngen.attention(*leaves, causal=True, return_lse=True)
     grads = torch.autograd.grad(out, leaves, dout)
     ref_leaves = [t.float().requires_grad_(True) for t in (q, k, v)]
@@ -294,7 +276,7 @@ def _varlen_check(case: Edge, gpu_records, seed: int, per_slice: int | None = No
     q, k, v, dout = random_inputs(shape_q, shape_kv, shape_kv, shape_q, dtype=BF16, device=DEV, seed=seed)
     cu = torch.arange(0, docs * L + 1, L, dtype=torch.int32, device=DEV)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    fresh_plans()
+    api.clear_plans()
     out, lse = attngen.attention_varlen(*leaves, cu, cu, L, L, causal=True, return_lse=True)
     grads = torch.autograd.grad(out, leaves, dout)
     n = docs if per_slice is None else per_slice

@@ -17,9 +17,9 @@ CPU = torch.device("cpu")
 
 @pytest.fixture
 def clean_plans():
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     yield
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
 
 
 def test_scope_sets_and_restores_the_target():

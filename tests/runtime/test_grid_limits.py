@@ -32,7 +32,7 @@ from attngen.runtime import api, dispatch, loader
 from attngen.spec import KernelSpec
 from attngen.tuning.space import (WS_BWD_DEFAULT, WS_DEFAULT, WS_DOCS, bwd_triton_fallback,
                                   triton_fallback)
-from tests.gpu.test_gpu_edges import EDGES, plan_launches
+from tests.gpu.test_gpu_edges import EDGES
 
 H200_SMS = 132
 META = "meta"
@@ -100,7 +100,7 @@ def replay(case):
 @pytest.mark.parametrize("case", list(EDGES.values()), ids=list(EDGES))
 def test_gpu_edge_cases_launch_what_their_tests_expect(case, h200):
     fwd, bwd = replay(case)
-    got = {"fwd": plan_launches(fwd), "bwd": plan_launches(bwd)}
+    got = {"fwd": api.plan_launches(fwd), "bwd": api.plan_launches(bwd)}
     assert got == case.expected(H200_SMS), f"{case.id}: EDGES says {case.expected(H200_SMS)}"
     check_grids(fwd.launches + bwd.launches)
     # 64-bit offsets exactly where a tensor passes 2^31 elements

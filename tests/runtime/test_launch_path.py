@@ -181,12 +181,12 @@ def test_64bit_offsets_compute_the_same(monkeypatch):
     for wide in (False, True):
         monkeypatch.setattr(kfwd, "needs_int64", lambda *t, w=wide: w)
         monkeypatch.setattr(kbwd, "needs_int64", lambda *t, w=wide: w)
-        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        api.clear_plans()
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = attngen.attention(*leaves, causal=True, window_size=(9, 3))
         runs.append([out, *torch.autograd.grad(out, leaves, dout)])
         assert api._FWD and all(p.launches_spec[0].values["OFFS_64"] == wide for p in api._FWD.values())
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     for a, b in zip(*runs):
         assert torch.equal(a, b)
 
@@ -246,12 +246,12 @@ def test_explain_reports_the_config_a_host_bound_call_runs(monkeypatch):
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (WS_DEFAULT, "test") if spec.family == "fwd" else (dispatch.family("bwd").default(spec, "cpu"), "test")))
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     try:
         q, k, v = inputs(b=1, hq=4, hkv=1, sq=64, sk=64, d=128)
         info = attngen.explain(q, k, v, causal=True)
     finally:
-        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        api.clear_plans()
     runs = triton_fallback(WS_DEFAULT, KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal"))
     assert info["config"]["consumers"] == 0 and info["config"]["tma"] is False
     assert (info["config"]["block_m"], info["config"]["block_n"]) == (runs.block_m, runs.block_n)
@@ -312,7 +312,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
     monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     try:
         q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=31, layout="bshd")
         dout, = random_inputs(q.shape, dtype=q.dtype, seed=32)
@@ -341,7 +341,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
                                         odd_leaves, dout)
         assert_pointer_fallback(bplan, grads, odd_grads)
     finally:
-        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        api.clear_plans()
 
 
 def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
@@ -357,7 +357,7 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
     monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     lens = [7, 40, 1, 33]
     T = sum(lens)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
@@ -387,7 +387,7 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
                                                                  causal=True), odd_leaves, dout)
         assert_pointer_fallback(bplan, grads, odd_grads)
     finally:
-        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        api.clear_plans()
 
 
 def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
@@ -398,7 +398,7 @@ def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dispatch.family("bwd").default(spec, "cpu"), "test")))
-    api._FWD.clear(), api._FAST.clear()
+    api.clear_plans()
     try:
         for s, name in ((64, "_attn_fwd"), (2048, "_attn_fwd_tma")):
             q, k, v = (torch.empty(1, 2 if s == 64 else 8, s, 32, dtype=torch.float16) for _ in range(3))
@@ -406,7 +406,7 @@ def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
             plan = api.forward_plan(q, k, v, api.make_options(32, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
             assert plan.launches_spec[0].fn.__name__ == name, (s, info)
     finally:
-        api._FWD.clear(), api._FAST.clear()
+        api.clear_plans()
 
 
 def test_lse_scratch_does_not_leak_into_returned_lse():

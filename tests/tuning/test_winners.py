@@ -278,7 +278,7 @@ def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_dat
     write(db, [(spec.uri, loader.load(spec).TEMPLATE_HASH, "fwd", "h100", key, dataclasses.asdict(tuned))])
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+    api.clear_plans()
     lookups = []
     real = winners.lookup
     monkeypatch.setattr(winners, "lookup", lambda *a: lookups.append(a) or real(*a))
@@ -296,4 +296,4 @@ def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_dat
         pt, _ = attention_ref(q, k, v, causal=True, upcast=False)
         assert_flash_rule("tuned config", out, ref, pt, 2.0)
     finally:
-        api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
+        api.clear_plans()
