@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,26 +37,16 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attngen
 from attngen.bench.cases import FWDBWD_FLOP_FACTOR
+from attngen.bench.report import git_commit
 from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.runtime import api, loader
 from attngen.runtime.plans import CompiledLaunch
 from attngen.tuning.space import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
 
-ROOT = Path(__file__).resolve().parent.parent
 BF16 = torch.bfloat16
 DEV = "cuda"
 BWD_FACTOR = FWDBWD_FLOP_FACTOR - 1.0  # backward FLOPs per forward FLOP
-
-
-def git_commit() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git checkout)"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
-    return sha + (" (+ local changes)" if dirty else "")
 
 
 def causal_flops(batch: int, heads: int, seqlen: int, head_dim: int) -> float:
@@ -78,18 +67,6 @@ def once_ms(fn) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end)
-
-
-def fresh_plans() -> None:
-    api._FWD.clear(), api._BWD.clear(), api._FAST.clear()
-
-
-def plan_kernels() -> dict:
-    """Kernels and programs of the runtime plans built since fresh_plans()."""
-    def names(plans):
-        return [[la.fn.__name__, la.grid] for p in plans for la in (getattr(p, "_fallback", None) or p).launches]
-
-    return {"fwd": names(api._FWD.values()), "bwd": names(api._BWD.values())}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -155,11 +132,11 @@ def docs_row(docs: int = 70_000, L: int = 3, H: int = 8, D: int = 64) -> dict:
     q, k, v, dout = (torch.randn(T, H, D, device=DEV, dtype=BF16) for _ in range(4))
     cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=DEV)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    fresh_plans()
+    api.clear_plans()
     out = attngen.attention_varlen(*leaves, cu, cu, L, L, causal=True)
     torch.autograd.grad(out, leaves, dout)
     row = {"case": f"many-docs varlen {docs} x {L} tokens, {H} heads, hd{D}, causal",
-           "kernels": plan_kernels()}
+           "kernels": api.launched()}
     with torch.no_grad():
         row["attngen_fwd_us"] = bench_ms(lambda: attngen.attention_varlen(q, k, v, cu, cu, L, L, causal=True)) * 1e3
 
@@ -223,7 +200,7 @@ def long_row(S: int = 524_288, Hq: int = 32, Hkv: int = 8, D: int = 128) -> dict
            "q_elements": q.numel()}
     for name, (prepare, warm) in PROVIDERS.items():
         t0 = time.perf_counter()
-        fresh_plans()
+        api.clear_plans()
         try:
             if warm == "short":
                 leaves, forward = prepare(*(t[:, :4096] for t in (q, k, v)))
@@ -244,7 +221,7 @@ def long_row(S: int = 524_288, Hq: int = 32, Hkv: int = 8, D: int = 128) -> dict
             row[f"{name}_bwd_tflops"] = flops * BWD_FACTOR / bwd_ms / 1e9
             row[f"{name}_fwdbwd_tflops"] = flops * FWDBWD_FLOP_FACTOR / (fwd_ms + bwd_ms) / 1e9
             if name == "attngen":
-                row["kernels"] = plan_kernels()
+                row["kernels"] = api.launched()
         except Exception as exc:  # noqa: BLE001 -- a provider that cannot run is recorded
             row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         row[f"{name}_seconds"] = round(time.perf_counter() - t0, 1)
@@ -271,7 +248,7 @@ def main(argv=None) -> int:
     unknown = [r for r in wanted if r not in ROWS]
     if unknown:
         ap.error(f"--rows: unknown {unknown} (known: {', '.join(ROWS)})")
-    result = {"commit": args.commit or git_commit(), "gpu": torch.cuda.get_device_name(),
+    result = {"commit": args.commit or git_commit() or "unknown (no git checkout)", "gpu": torch.cuda.get_device_name(),
               "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
               "rows": []}
     t0 = time.perf_counter()

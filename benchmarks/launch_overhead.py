@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 
 import torch
 import triton
 
 import attngen
+from attngen.bench.report import git_commit
 from attngen.kernels.launch import make_descriptors
 from attngen.runtime import api
 
@@ -77,14 +77,6 @@ class _BareFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         return None, None, None, None
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main():
@@ -188,7 +180,7 @@ def main():
     sweep = attngen.explain(torch.empty(2, 8, 1050, 128, device=dev, dtype=torch.bfloat16),
                             *(torch.empty(2, 2, 1050, 128, device=dev, dtype=torch.bfloat16),) * 2,
                             causal=True)
-    res = {"gpu": torch.cuda.get_device_name(), "commit": args.commit or git_commit(),
+    res = {"gpu": torch.cuda.get_device_name(), "commit": args.commit or git_commit() or "unknown",
            "kernel": la.fn.__name__, "config": plan.config.as_dict(), "torch": torch.__version__,
            "triton": triton.__version__,
            "sweep_kernels": {"fwd": [x["entry"] for x in sweep["launches"]],

@@ -65,11 +65,17 @@ def format_table(rows: Sequence[Row], providers: Sequence[Provider]) -> str:
     return "\n".join(lines)
 
 
-def _git_commit() -> str | None:
+def git_commit() -> str | None:
+    """The checkout's commit ("+ local changes" when the tree differs from it); None outside a
+    git checkout (an installed package, a device copy without .git)."""
+    here = Path(__file__).resolve().parent
     try:
-        res = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=5, cwd=Path(__file__).resolve().parent)
-        return res.stdout.strip() or None
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5, cwd=here).stdout.strip()
+        if not sha:
+            return None
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], timeout=5, cwd=here).returncode
+        return sha + (" (+ local changes)" if dirty == 1 else "")
     except (OSError, subprocess.SubprocessError):
         return None
 
@@ -90,7 +96,7 @@ def header(device: torch.device, dtype: torch.dtype, quick: bool,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if device.type == "cuda" else None,
         "attngen": __version__,
-        "git_commit": _git_commit(),
+        "git_commit": git_commit(),
         "python": sys.version.split()[0],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "dtype": DTYPE_NAMES[dtype],
