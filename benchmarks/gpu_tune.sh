@@ -73,9 +73,10 @@ main() {
   }
   # The comparison runs over the Triton TMA forward kernel's space: the sm90-only knobs that
   # TARGET_SPACES adds pinned (tma on, q_regs as the kernel's default, the Gluon kernel's
-  # consumers / pair_tiles off: its own space is a handful of configs, too few for a 30 % budget to
-  # mean anything) and lazy_rescale at the kernel's default, so the exhaustive grid fits the time; the TPE budget is 30 % of that space's
-  # valid configs. compare_args SPEC URI -> "BUDGET --fix F=V ...".
+  # consumers / pair_tiles off: its own space is a handful of configs, too few for a 30 % budget
+  # to mean anything) and lazy_rescale at the kernel's default, so the exhaustive grid fits the
+  # time; the TPE budget is 30 % of that space's valid configs.
+  # compare_args SPEC URI -> "BUDGET --fix F=V ...".
   compare_args() {
     python3 - "$1" "$2" <<'PY'
 import dataclasses, sys

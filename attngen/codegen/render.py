@@ -30,10 +30,14 @@ def _environment(root: str) -> jinja2.Environment:
 
 
 def template_name(spec: KernelSpec) -> str:
+    return _family_template(spec.family)
+
+
+def _family_template(family: str) -> str:
     try:
-        return FAMILY_TEMPLATES[spec.family]
+        return FAMILY_TEMPLATES[family]
     except KeyError:
-        raise CodegenError(f"no template for kernel family {spec.family!r}") from None
+        raise CodegenError(f"no template for kernel family {family!r}") from None
 
 
 def template_hash(spec: KernelSpec, root: Path | None = None) -> str:
@@ -46,10 +50,7 @@ def template_hash(spec: KernelSpec, root: Path | None = None) -> str:
 def family_template_hash(family: str, root: Path | None = None) -> str:
     """template_hash of every kernel of `family` (the hash depends on the family only)."""
     root = root or env.templates_dir()
-    try:
-        family = FAMILY_TEMPLATES[family]
-    except KeyError:
-        raise CodegenError(f"no template for kernel family {family!r}") from None
+    family = _family_template(family)
     names = [family, *sorted(set(_imported(family, Path(root))) - {family})]
     return sha256("\n".join(f"{n}\n{(root / n).read_text()}" for n in names))[:16]
 

@@ -159,7 +159,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from attngen.tuning.tuner import config_text
     from attngen.tuning.winners import MIN_GAIN
 
-    current = {fam: family_template_hash(fam) for fam in {r.family for r in rows}}
+    current = {fam: family_template_hash(fam) for fam in {r.family for r in rows} if fam in FAMILIES}
     table = Table(title=f"{len(rows)} winners in {where}", title_justify="left",
                   caption=f"*: under {MIN_GAIN:.0%} over the default, which then serves the bucket; "
                           f"stale: tuned on another version of the kernel's templates (now "
@@ -173,7 +173,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                       f"{r.tflops:.1f}" if r.tflops else "-",
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
                       (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
-                      r.template_hash + ("" if r.template_hash == current[r.family] else " stale"))
+                      r.template_hash + ("" if r.template_hash == current.get(r.family) else " stale"))
     Console(width=max(160, Console().width), soft_wrap=False).print(table)
     return 0
 
