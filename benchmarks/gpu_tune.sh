@@ -57,7 +57,7 @@ main() {
   run() {  # run NAME LIMIT_S CMD...: one phase, its seconds and exit code into summary.json
     local name=$1 limit=$2
     shift 2
-    if (( SECONDS > 450 )); then
+    if (( SECONDS > ${LATEST_START:-450} )); then
       echo "== $name: skipped, the run is at ${SECONDS} s"
       codes[$name]=skipped
       return
@@ -71,46 +71,52 @@ main() {
     echo "== $name: exit $rc in ${secs[$name]} s"
     [ "$rc" -eq 0 ] || status=1
   }
-  # The comparison runs over the Triton TMA forward kernel's space: the sm90-only knobs that
-  # TARGET_SPACES adds pinned (tma on, q_regs as the kernel's default, the Gluon kernel's
-  # consumers / pair_tiles off: its own space is a handful of configs, too few for a 30 % budget
-  # to mean anything) and lazy_rescale at the kernel's default, so the exhaustive grid fits the
-  # time; the TPE budget is 30 % of that space's valid configs.
-  # compare_args SPEC URI -> "BUDGET --fix F=V ...".
-  compare_args() {
+  # The comparison runs over each kernel's whole search space, the one `attngen tune` searches
+  # (hd128: the Triton pointer and TMA kernels and the Gluon kernels, 292 valid configs; hd256:
+  # 184), and gives TPE 30 % of its valid configs. budget SPEC URI -> that number.
+  budget() {
     python3 - "$1" "$2" <<'PY'
-import dataclasses, sys
-from attngen.tuning import space, tuner
+import sys
+from attngen.tuning import tuner
 t = tuner.plan(tuner.TuneOptions(device="h100", specs=[sys.argv[1]], kernels=sys.argv[2]))[0]
-dflt = tuner.default_config(t.spec, "cuda", t.bucket.seqlen_q)
-fixed = {k: getattr(dflt, k) for k in space.TARGET_SPACES.get(("fwd", t.spec.target), {})}
-fixed.update(tma=True, consumers=0, pair_tiles=False, lazy_rescale=dflt.lazy_rescale)
-sp = tuner.space_for(t.spec, fixed)
-print(max(1, int(0.3 * tuner.valid_count(t.spec, sp))), *(f"--fix {k}={v}" for k, v in fixed.items()))
+print(max(1, int(0.3 * tuner.valid_count(t.spec, tuner.space_for(t.spec)))))
 PY
   }
-  local ARGS_L ARGS_G BL BG PIN_L PIN_G
-  read -r -a ARGS_L < <(compare_args specs/llama.yaml "$L")
-  read -r -a ARGS_G < <(compare_args specs/gemma2.yaml "$G")
-  BL=${ARGS_L[0]:-13}
-  BG=${ARGS_G[0]:-9}
-  PIN_L=("${ARGS_L[@]:1}")
-  PIN_G=("${ARGS_G[@]:1}")
-  echo "comparison: $L pins ${PIN_L[*]:-none}, TPE budget $BL; $G pins ${PIN_G[*]:-none}, TPE budget $BG"
+  local BL BG
+  BL=$(budget specs/llama.yaml "$L")
+  BG=$(budget specs/gemma2.yaml "$G")
+  echo "comparison over the whole spaces: TPE budget $BL ($L), $BG ($G)"
 
+  # PHASES: compare = grid + search + compare_db (the comparison itself replays samplers on the
+  # CPU for minutes: `attngen db compare` runs on any machine from the two databases). GRID_DB /
+  # TPE_DB name databases to continue (a grid cut by its time limit resumes; measured configs are
+  # not measured again)
   local PHASES=${PHASES:-compare,ship,workers}
-  if [[ ,$PHASES, == *,compare,* ]]; then
-  # 1. search vs exhaustive (the grid runs first: it compiles every config once for both)
-  run grid_llama 200 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
-    --sampler grid --trials 1000 --storage "$GRID" --timeout 185 "${PIN_L[@]}"
-  run grid_gemma 130 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
-    --sampler grid --trials 1000 --storage "$GRID" --timeout 115 "${PIN_G[@]}"
-  run tpe_llama 80 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
-    --trials "$BL" --storage "$TPE" "${PIN_L[@]}"
-  run tpe_gemma 50 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
-    --trials "$BG" --storage "$TPE" "${PIN_G[@]}"
-  cp "$GRID" "$OUT/compare_grid.sqlite"; cp "$TPE" "$OUT/compare_tpe.sqlite"  # `db compare` reruns anywhere
-  run compare 90 python3 -m $CLI db compare --exhaustive "$GRID" --search "$TPE" --seeds 20 \
+  [[ ,$PHASES, == *,compare,* ]] && PHASES="$PHASES,grid,search,compare_db"
+  [ -n "${GRID_DB:-}" ] && cp "$GRID_DB" "$GRID"
+  [ -n "${TPE_DB:-}" ] && cp "$TPE_DB" "$TPE"
+  local CW=(--compile-workers $(( $(nproc) > 4 ? $(nproc) - 2 : 2 )))  # all cores but two compile
+  if [[ ,$PHASES, == *,grid,* ]]; then
+  # 1. search vs exhaustive (the grid runs first: its compile processes put every config into
+  #    Triton's cache, so the search after it measures without compiling)
+  run grid_llama "${GRID_LLAMA_S:-300}" "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" \
+    --shapes "$LSHAPES" --sampler grid --trials 1000 --storage "$GRID" --resume "${CW[@]}" \
+    --timeout $(( ${GRID_LLAMA_S:-300} - 15 ))
+  run grid_gemma "${GRID_GEMMA_S:-160}" "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" \
+    --shapes "$GSHAPES" --sampler grid --trials 1000 --storage "$GRID" --resume "${CW[@]}" \
+    --timeout $(( ${GRID_GEMMA_S:-160} - 15 ))
+  cp "$GRID" "$OUT/compare_grid.sqlite"
+  CW=(--compile-workers 0)
+  fi
+  if [[ ,$PHASES, == *,search,* ]]; then
+  run tpe_llama 100 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
+    --trials "$BL" --storage "$TPE" --timeout 85 "${CW[@]}"
+  run tpe_gemma 60 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
+    --trials "$BG" --storage "$TPE" --timeout 45 "${CW[@]}"
+  cp "$TPE" "$OUT/compare_tpe.sqlite"  # `db compare` reruns anywhere
+  fi
+  if [[ ,$PHASES, == *,compare_db,* ]]; then
+  run compare 120 python3 -m $CLI db compare --exhaustive "$GRID" --search "$TPE" --seeds 20 \
     --out "$OUT/compare_search.json"
   fi
 

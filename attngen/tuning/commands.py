@@ -38,6 +38,9 @@ def add_commands(subparsers) -> None:
     t.add_argument("--resume", action="store_true", help="continue studies that already ran")
     t.add_argument("--workers", type=int, default=1, metavar="N",
                    help="N tuning processes on one storage, one per GPU (sharing GPUs when fewer)")
+    t.add_argument("--compile-workers", type=int, default=None, metavar="N",
+                   help="processes that compile a study's configs before it measures them "
+                        "(default: the CPU cores but two, at most 8; 0: compile one by one)")
     t.add_argument("--sampler", choices=("tpe", "grid"), default="tpe",
                    help="tpe (seeded; default) or grid (exhaustive over the space)")
     t.add_argument("--family", dest="families", action="append", choices=tuple(FAMILIES),
@@ -131,9 +134,12 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         timeout=args.timeout, storage=args.storage, resume=args.resume, workers=args.workers,
         sampler=args.sampler, families=tuple(dict.fromkeys(args.families or FAMILIES)),
         kernels=args.kernels, fixed=dict(args.fixed), seed=args.seed, worker=args.worker, gpu=args.gpu,
-        timer_ref=args.timer_ref, probe_ref=args.probe_ref, quiet=args.quiet)
+        timer_ref=args.timer_ref, probe_ref=args.probe_ref, quiet=args.quiet,
+        compile_workers=args.compile_workers)
     if args.workers < 1:
         return _fail("tune", "--workers must be >= 1")
+    if args.compile_workers is not None and args.compile_workers < 0:
+        return _fail("tune", "--compile-workers must be >= 0")
     try:
         return tuner.tune(opts)
     except (tuner.TuneError, schema.TuningDBError) as exc:

@@ -146,7 +146,8 @@ class Objective:
     """Inputs, reference and launches for one Problem on one device; `run(cfg)` is one trial."""
 
     def __init__(self, problem: Problem, device: str | torch.device = "cuda",
-                 timer: Timer | None = None, seed: int = 0):
+                 timer: Timer | None = None, seed: int = 0, light: bool = False):
+        """light: one input set and no reference (tuning/precompile.py launches, never checks)."""
         self.problem = problem
         self.spec = problem.spec
         self.family = self.spec.family
@@ -163,10 +164,10 @@ class Objective:
         self.fwd_spec = self.spec.replace(family="fwd")
         self.fwd_mod = loader.load(self.fwd_spec) if self.family == "bwd" else None
         first = self._make_set(seed)
-        n = timing.rotation_sets(sum(t.numel() * t.element_size() for t in first.values()),
-                                 timing.l2_bytes(self.device))
+        n = 1 if light else timing.rotation_sets(sum(t.numel() * t.element_size() for t in first.values()),
+                                                 timing.l2_bytes(self.device))
         self.sets = [first] + [self._make_set(seed + i) for i in range(1, n)]
-        self.ref = self._reference(first)
+        self.ref = None if light else self._reference(first)
 
     # ---- inputs -----------------------------------------------------------------------------
     def _make_set(self, seed: int) -> dict[str, torch.Tensor]:

@@ -349,12 +349,22 @@ TARGET_SPACES: dict[tuple[str, str], dict[str, tuple]] = {  # (family, target) -
     # The Gluon kernels' knobs (consumers, pair_tiles; consumers, dq_consumers, roles) are in it:
     # those kernels are the sm90 defaults, so the tuner measures them beside the Triton kernels
     # (check_ws / check_ws_bwd drop their combinations that cannot launch before any compile)
-    ("fwd", "sm90"): {"tma": (False, True), "q_regs": (False, True), "consumers": (0, 1, 2),
-                      "pair_tiles": (False, True)},
-    ("bwd", "sm90"): {"tma": (False, True), "split_dkdv": (False, True), "consumers": (0, 2),
-                      "dq_consumers": (0, 2), "roles": (False, True)},
+    ("fwd", "sm90"): {"consumers": (0, 1, 2), "tma": (False, True), "pair_tiles": (False, True),
+                      "q_regs": (False, True)},
+    ("bwd", "sm90"): {"consumers": (0, 2), "dq_consumers": (0, 2), "roles": (False, True),
+                      "tma": (False, True), "split_dkdv": (False, True)},
 }
 SPACES = {"fwd": FWD_SPACE, "bwd": BWD_SPACE}
+# The order in which TPE's walk (tuning/sampling.py) picks fields: the knobs that choose a kernel
+# first (TARGET_SPACES, in its order, then these), since they fix or rule out values of the others;
+# the remaining fields in config order.
+KERNEL_KNOBS = ("atomic_dq", "warp_specialize", "persistent", "lazy_rescale")
+
+
+def search_order(family: str, target: str, names: list[str]) -> list[str]:
+    """`names` (a space's fields) in the order TPE's walk picks them."""
+    first = [n for n in (*TARGET_SPACES.get((family, target), {}), *KERNEL_KNOBS) if n in names]
+    return first + [n for n in names if n not in first]
 
 
 def search_space(config_cls: type, family: str, target: str) -> dict[str, tuple]:

@@ -30,6 +30,7 @@ import importlib.util
 import itertools
 import json
 import math
+import random
 import signal
 import statistics
 import subprocess
@@ -47,6 +48,7 @@ from attngen.db import store as dbs
 from attngen.families import FAMILIES, family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
 from attngen.tuning import space
+from attngen.tuning.sampling import make_sampler, valid_space
 from attngen.tuning.buckets import ShapeBucket, bucket_of, parse_bucket
 from attngen.tuning.devices import PROFILES, DeviceInfo, check_profile
 
@@ -117,6 +119,7 @@ class TuneOptions:
     timer_ref: str | None = None  # "file.py:func" / "module:func": a timer instead of do_bench
     probe_ref: str | None = None  # the same for the device probe
     quiet: bool = False
+    compile_workers: int | None = None  # None: precompile.default_workers() on a real GPU
 
     @property
     def url(self) -> str:
@@ -195,15 +198,6 @@ def load_ref(ref: str) -> Callable:
         return getattr(mod, func)
     except (ImportError, AttributeError, OSError) as exc:
         raise TuneError(f"{ref!r}: cannot load it ({type(exc).__name__}: {exc})") from None
-
-
-def make_sampler(kind: str, space_: dict[str, tuple], budget: int, seed: int):
-    import optuna
-
-    if kind == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space_.items()}, seed=seed)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, budget // 4)),
-                                      multivariate=True, constant_liar=True)
 
 
 def pin(spec: KernelSpec, fixed: dict[str, str | object]) -> dict[str, object]:
@@ -404,6 +398,7 @@ class Tuner:
         self.progress = progress
         self.url = opts.url
         self.interrupt = Interrupt()  # tune() installs it as the SIGINT handler
+        self._compiled: set[tuple[str, str, str]] = set()  # (uri, template hash, config) compiled ahead
 
     # -- checks before any work --
     def device_info(self) -> DeviceInfo:
@@ -425,6 +420,42 @@ class Tuner:
 
     def torch_device(self) -> str:
         return "cpu" if env.interpreting() else f"cuda:{self.opts.gpu}"
+
+    def compile_workers(self) -> int:
+        """Processes compiling ahead (tuning/precompile.py): as asked, else the default on a real
+        GPU in the process that was started (not a --workers child, not a fake timer or probe)."""
+        if self.opts.compile_workers is not None:
+            return self.opts.compile_workers
+        if (self.timer is not None or self.probe is not None or env.interpreting()
+                or self.opts.worker is not None):
+            return 0
+        from attngen.tuning.precompile import default_workers
+
+        return default_workers()
+
+    def _precompile(self, store: dbs.Store, t: Target, problem, ids: dict, deadline) -> None:
+        """Every valid config of the study's space not measured yet and not compiled ahead by
+        this process, compiled in parallel processes before the search measures anything."""
+        n = self.compile_workers()
+        if n <= 0:
+            return
+        from attngen.tuning.precompile import precompile
+
+        with store.session() as s:
+            seen = set(dbs.where_measured_configs(s, ids["kernel"], t.device_class, ids["bucket"]))
+        todo = []
+        for cfg in valid_space(t.spec, t.space).configs():
+            key = schema.config_json(cfg)
+            if key not in seen and (t.spec.uri, t.template_hash, key) not in self._compiled:
+                todo.append(cfg)
+        if not todo:
+            return
+        counts = precompile(problem, todo, self.torch_device(), n, deadline)
+        self._compiled.update((t.spec.uri, t.template_hash, schema.config_json(c)) for c in todo)
+        stopped = f", stopped: {counts['stopped']}" if counts["stopped"] else ""
+        self.progress.say(f"  compiled {counts['compiled']} of {counts['configs']} configs ahead in "
+                          f"{counts['seconds']:.0f} s with {n} processes ({counts['failed']} failed, "
+                          f"left to the trials{stopped})")
 
     def preflight(self, targets: list[Target]) -> None:
         """Schema and Optuna tables exist, and no study would be silently extended (without
@@ -577,12 +608,17 @@ class Tuner:
             yardstick.update(ms=default_outcome.time_ms, tflops=default_outcome.tflops)
             report.default_ms, report.default_tflops = default_outcome.time_ms, default_outcome.tflops
 
-        # 2. the search
+        # 2. the search, after a head start on compiling its configs
+        self._precompile(store, t, problem, rows, deadline)
         worker = self.opts.worker[0] if self.opts.worker else 0
         sampler = make_sampler(self.opts.sampler, space_, budget, self.opts.seed + 1000 * worker)
         study = self._study(storage, t, sampler)
+        walk = None if self.opts.sampler == "grid" else valid_space(spec, space_)
+        repeat_rng = random.Random(self.opts.seed + 1000 * worker)
         for start in self._warm_starts(store, t, dcfg, space_):
-            study.enqueue_trial(start, skip_if_exists=True)
+            params = start if walk is None else walk.params(start)
+            if params is not None:
+                study.enqueue_trial(params, skip_if_exists=True)
         cap = 10 * budget + 50  # Optuna trials, counting re-proposals of known configs
 
         def measured() -> int:
@@ -600,9 +636,16 @@ class Tuner:
         self.progress.start(index, total, t, budget, measured())
 
         def objective(trial) -> float:
-            values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+            if walk is None:
+                values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+            else:
+                values = walk.suggest(trial)
             cfg = space.config_from_dict(family_of(family).config, values)
             outcome = known(cfg)
+            if outcome is not None and walk is not None:
+                with store.session() as s:
+                    seen = set(dbs.where_measured_configs(s, kernel_id, t.device_class, bucket_id))
+                walk.after_repeat(trial.study, values, seen, repeat_rng)
             if outcome is None:
                 outcome = bench.run(cfg)
                 record(cfg, outcome, optuna_trial=trial.number)
@@ -617,9 +660,12 @@ class Tuner:
             trial.set_user_attr("tflops", outcome.tflops)
             return outcome.time_ms
 
+        trials_seen = [len(study.get_trials(deepcopy=False))]  # (study.trials deep-copies them all)
+
         def stop(study_, _trial) -> None:
             self.interrupt.check()  # a Ctrl-C Python swallowed during the trial stops the run here
-            if (measured() >= budget or len(study_.trials) >= cap
+            trials_seen[0] += 1
+            if (measured() >= budget or trials_seen[0] >= cap
                     or (deadline is not None and time.monotonic() >= deadline)):
                 study_.stop()
 
@@ -629,7 +675,7 @@ class Tuner:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 study.optimize(objective, timeout=remaining, callbacks=[stop], catch=(TrialFailed,),
-                               n_trials=max(1, cap - len(study.trials)))
+                               n_trials=max(1, cap - trials_seen[0]))
                 break
             except ValueError as exc:
                 # two workers popped the same enqueued trial (SQLite has no row locks) and the
@@ -789,34 +835,43 @@ def _run_workers(opts: TuneOptions, timer, probe) -> int:
 # Is the search worth it? Optuna against the exhaustive grid over the same space.
 
 def replay(table: dict[str, float | None], space_: dict[str, tuple], budget: int, seed: int,
-           sampler: str = "tpe", first: dict | None = None) -> tuple[float, int]:
+           sampler: str = "tpe", first: dict | None = None,
+           spec: KernelSpec | None = None) -> tuple[float, int]:
     """Run a sampler against a table of measured times (config_json -> ms, None = failed; a config
     not in the table counts as invalid) until `budget` distinct table configs were seen; returns
-    (best ms found, distinct configs seen). `first` is enqueued first (the default config)."""
+    (best ms found, distinct configs seen). `first` is enqueued first (the default config). With
+    `spec`, the sampler proposes as in `attngen tune` (the ValidSpace walk of sampling.py);
+    without, every field independently over the flat space."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if sampler == "random":
-        smp = optuna.samplers.RandomSampler(seed=seed)
-    else:
-        smp = make_sampler(sampler, space_, budget, seed)
-    study = optuna.create_study(sampler=smp, direction="minimize")
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    study = optuna.create_study(sampler=make_sampler(sampler, space_, budget, seed), direction="minimize")
+    walk = valid_space(spec, space_) if spec is not None else None
     if first is not None:
-        study.enqueue_trial(first)
+        params = first if walk is None else walk.params(first)
+        if params is not None:
+            study.enqueue_trial(params)
     seen: dict[str, float | None] = {}
+    rng = random.Random(seed)
 
     def objective(trial):
-        values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+        if walk is None:
+            values = {n: trial.suggest_categorical(n, list(c)) for n, c in space_.items()}
+        else:
+            values = walk.suggest(trial)
         key = schema.config_json(values)
         if key not in table:
             raise TrialFailed("invalid")
+        if key in seen and walk is not None:
+            walk.after_repeat(trial.study, values, set(seen), rng)
         seen[key] = table[key]
         if table[key] is None:
             raise TrialFailed("failed")
         return table[key]
 
-    def stop(study_, _t):
-        if len(seen) >= budget or len(study_.trials) >= 20 * budget + 100:
+    def stop(study_, t):
+        if len(seen) >= budget or t.number + 1 >= 20 * budget + 100:
             study_.stop()
 
     study.optimize(objective, callbacks=[stop], catch=(TrialFailed,), n_trials=20 * budget + 100)
@@ -904,7 +959,8 @@ def compare(exhaustive: str, search: str, budget_frac: float = 0.30, goal_gap: f
         rep = {}
         for name, smp, first in (("tpe_with_default", "tpe", dflt), ("tpe_from_scratch", "tpe", None),
                                  ("random_from_scratch", "random", None)):
-            gaps = [replay(tab, space_, budget, sd, smp, first)[0] / best - 1 for sd in range(seeds)]
+            gaps = [replay(tab, space_, budget, sd, smp, first, spec)[0] / best - 1
+                    for sd in range(seeds)]
             rep[name] = {"median_gap": statistics.median(gaps), "worst_gap": max(gaps),
                          "share_within_goal": sum(g <= goal_gap for g in gaps) / len(gaps)}
         gap = picked / best - 1 if picked else None

@@ -26,6 +26,7 @@ from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
 from attngen.tuning import space, tuner
+from attngen.tuning.sampling import valid_space
 from attngen.tuning.space import FwdConfig
 
 from . import fakes
@@ -330,8 +331,12 @@ def test_a_new_bucket_starts_from_the_default_and_the_nearest_winner(tmp_path, s
     assert cli(argv) == 0
     study = next(sm for sm in optuna.get_all_study_summaries(f"sqlite:///{db}", include_best_trial=False)
                  if ".q32_k32_bh4." in sm.study_name)
-    trials = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}").trials
-    assert [t.params for t in trials[:2]] == [dataclasses.asdict(DEFAULT), first.config]
+    loaded = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}")
+    spec = KernelSpec(**loaded.user_attrs["spec"])
+    walk = valid_space(spec, tuner.space_for(spec))  # TPE's parameters: the walk through valid configs
+    assert [t.params for t in loaded.trials[:2]] == [walk.params(dataclasses.asdict(DEFAULT)),
+                                                     walk.params(first.config)]
+    assert None not in [walk.params(dataclasses.asdict(DEFAULT)), walk.params(first.config)]
 
 
 def test_pinned_grid_measures_its_whole_space_when_the_default_lies_outside(tmp_path, small_space):
