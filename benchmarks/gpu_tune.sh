@@ -51,6 +51,7 @@ main() {
   local TUNE=(python3 -m attngen.cli tune --device h100 ${TUNE_EXTRA:-})
   local CLI=attngen.cli
   local L=attn_fwd_bf16_hd128_gqa4_causal_sm90 G=attn_fwd_bf16_hd256_gqa2_causal_softcap_sm90
+  # LSHAPES / GSHAPES set to "none" leave that kernel out of the comparison
   local LSHAPES=${LSHAPES:-q4096_k4096_bh128,q1024_k1024_bh256} GSHAPES=${GSHAPES:-q4096_k4096_bh32}
   local SHIP_SHAPES=${SHIP_SHAPES:-q8192_k8192_bh32} WORKER_SHAPES=${WORKER_SHAPES:-q2048_k2048_bh128}
   local GRID=$WORK/grid.sqlite TPE=$WORK/tpe.sqlite SHIP=$OUT/tuning_db/attngen.sqlite
@@ -99,19 +100,19 @@ PY
   if [[ ,$PHASES, == *,grid,* ]]; then
   # 1. search vs exhaustive (the grid runs first: its compile processes put every config into
   #    Triton's cache, so the search after it measures without compiling)
-  run grid_llama "${GRID_LLAMA_S:-300}" "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" \
+  [ "$LSHAPES" = none ] || run grid_llama "${GRID_LLAMA_S:-300}" "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" \
     --shapes "$LSHAPES" --sampler grid --trials 1000 --storage "$GRID" --resume "${CW[@]}" \
     --timeout $(( ${GRID_LLAMA_S:-300} - 15 ))
-  run grid_gemma "${GRID_GEMMA_S:-160}" "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" \
+  [ "$GSHAPES" = none ] || run grid_gemma "${GRID_GEMMA_S:-160}" "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" \
     --shapes "$GSHAPES" --sampler grid --trials 1000 --storage "$GRID" --resume "${CW[@]}" \
     --timeout $(( ${GRID_GEMMA_S:-160} - 15 ))
   cp "$GRID" "$OUT/compare_grid.sqlite"
   CW=(--compile-workers 0)
   fi
   if [[ ,$PHASES, == *,search,* ]]; then
-  run tpe_llama 100 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
+  [ "$LSHAPES" = none ] || run tpe_llama 100 "${TUNE[@]}" --spec specs/llama.yaml --kernels "$L" --shapes "$LSHAPES" \
     --trials "$BL" --storage "$TPE" --timeout 85 "${CW[@]}"
-  run tpe_gemma 60 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
+  [ "$GSHAPES" = none ] || run tpe_gemma 60 "${TUNE[@]}" --spec specs/gemma2.yaml --kernels "$G" --shapes "$GSHAPES" \
     --trials "$BG" --storage "$TPE" --timeout 45 "${CW[@]}"
   cp "$TPE" "$OUT/compare_tpe.sqlite"  # `db compare` reruns anywhere
   fi

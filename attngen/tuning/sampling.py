@@ -18,8 +18,8 @@ TPE on a few hundred configs keeps proposing its favourite once it has one; a pr
 before gets its known time back and the next trial is the unmeasured config nearest to it
 (after_repeat), so the budget goes to new configs around the best region.
 
-The exhaustive grid does not walk: optuna's GridSampler takes the flat space, and the invalid
-combinations cost it nothing (never compiled).
+The exhaustive grid does not walk: the tuner enqueues every valid config of the flat space, in a
+seeded order, as trials of their own.
 """
 
 from __future__ import annotations
@@ -129,14 +129,13 @@ def valid_space(spec: KernelSpec, space_: dict[str, tuple]) -> ValidSpace:
 
 
 def make_sampler(kind: str, space_: dict[str, tuple], budget: int, seed: int):
-    """grid: the flat space exhaustively; tpe: TPE over the ValidSpace walk's parameters
+    """grid: the sampler behind the enqueued valid configs (tuner._tune_one); tpe: TPE over the ValidSpace walk's parameters
     (multivariate and grouped: a kernel's knobs are modelled together, apart from another
     kernel's), its first max(3, min(10, budget // 4)) trials random; random: for scale."""
     import optuna
 
-    if kind == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space_.items()}, seed=seed)
-    if kind == "random":
+    if kind in ("grid", "random"):  # grid: the tuner enqueues every valid config, in a seeded order
+        return optuna.samplers.RandomSampler(seed=seed)
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(3, min(10, budget // 4)),
                                       multivariate=True, group=True, constant_liar=True)

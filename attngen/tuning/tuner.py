@@ -619,6 +619,17 @@ class Tuner:
             params = start if walk is None else walk.params(start)
             if params is not None:
                 study.enqueue_trial(params, skip_if_exists=True)
+        if walk is None:
+            # the exhaustive grid: every valid config not measured yet, in a seeded order, as
+            # enqueued trials (Optuna's GridSampler walks the flat product, mostly invalid
+            # configs, and reads every trial of the study back for each proposal)
+            with store.session() as s:
+                seen = set(dbs.where_measured_configs(s, kernel_id, t.device_class, bucket_id))
+            todo = [c for c in valid_space(spec, space_).configs()
+                    if schema.config_json(c) not in seen]
+            random.Random(self.opts.seed).shuffle(todo)
+            for cfg in todo:
+                study.enqueue_trial(cfg)
         cap = 10 * budget + 50  # Optuna trials, counting re-proposals of known configs
 
         def measured() -> int:

@@ -124,8 +124,7 @@ def test_grid_measures_the_whole_space_and_failed_configs_never_win(grid_db):
     for t in trials:
         by_status.setdefault(t["status"], []).append(t)
     assert len(ALL) > len(VALID) > len(RUNS) > 10
-    assert len(by_status["invalid"]) == len(ALL) - len(VALID)
-    assert all(space.check_fwd(SPEC, FwdConfig(**t["config"])) == t["error"] for t in by_status["invalid"])
+    assert "invalid" not in by_status  # the grid enqueues the valid configs only: none reaches a trial
     assert len(by_status["failed"]) == len(VALID) - len(RUNS)
     assert all("FakeOutOfResources" in t["error"] and t["config"]["block_n"] == 32 for t in by_status["failed"])
     assert len(by_status["ok"]) == len(RUNS)  # every valid config once (the default's row is its grid point)
