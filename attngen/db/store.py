@@ -465,10 +465,19 @@ def where_trials(s: Session, uri: str | None = None, bucket: str | None = None,
 # ---------------------------------------------------------------------------------------------
 # Export / import (JSON): the whole database by natural keys, ids never leave it.
 
-def export_data(s: Session, winners_only: bool = False) -> dict:
+def export_data(s: Session, winners_only: bool = False, kernels_glob: str | None = None) -> dict:
+    """kernels_glob: only the kernels whose uri matches (fnmatch), their trials and winners, and
+    the devices and buckets those use."""
     devices = s.scalars(select(DeviceModel)).all()
     kernels = s.scalars(select(KernelModel)).all()
     buckets = s.scalars(select(ShapeBucketModel)).all()
+    if kernels_glob is not None:
+        kernels = [k for k in kernels if fnmatch.fnmatchcase(k.uri, kernels_glob)]
+        kept = [k.id for k in kernels]
+        used = s.execute(select(TrialModel.device_id, TrialModel.bucket_id)
+                         .where(TrialModel.kernel_id.in_(kept)).distinct()).all()
+        devices = [d for d in devices if d.id in {u[0] for u in used}]
+        buckets = [b for b in buckets if b.id in {u[1] for u in used}]
     dev_key = {d.id: tuple(getattr(d, f) for f in DEVICE_FIELDS) for d in devices}
     dev_list = sorted(set(dev_key.values()))
     dev_index = {k: i for i, k in enumerate(dev_list)}
@@ -478,6 +487,9 @@ def export_data(s: Session, winners_only: bool = False) -> dict:
     bucket_key = {b.id: b.key for b in buckets}
     winners = s.scalars(select(WinnerModel)).all()
     trial_q = select(TrialModel)
+    if kernels_glob is not None:
+        winners = [w for w in winners if w.kernel_id in kept]
+        trial_q = trial_q.where(TrialModel.kernel_id.in_(kept))
     if winners_only:
         trial_q = trial_q.where(TrialModel.id.in_([w.trial_id for w in winners]))
     trials = s.scalars(trial_q).all()

@@ -70,6 +70,8 @@ def add_commands(subparsers) -> None:
     _storage(exp)
     exp.add_argument("--out", default="-", metavar="FILE", help="output file (default: stdout)")
     exp.add_argument("--winners-only", action="store_true", help="leave out trials that did not win")
+    exp.add_argument("--kernels", default=None, metavar="GLOB",
+                     help="only kernels whose uri matches, their trials and winners")
     exp.set_defaults(func=_cmd_export)
     imp = dsub.add_parser("import", help="merge a JSON export into the database (the faster winner stays)")
     imp.add_argument("file", help="a file written by `attngen db export`")
@@ -189,7 +191,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     try:
         with dbs.Store(_url(args), "read") as st, st.session() as s:
-            data = dbs.export_data(s, winners_only=args.winners_only)
+            data = dbs.export_data(s, winners_only=args.winners_only, kernels_glob=args.kernels)
     except schema.TuningDBError as exc:
         return _fail("db export", exc)
     text = json.dumps(data, indent=1, sort_keys=False) + "\n"

@@ -236,6 +236,22 @@ def test_export_import_round_trip(tmp_path):
     assert _export(b) == data
 
 
+def test_export_of_some_kernels_carries_only_theirs(tmp_path):
+    a, b = f"sqlite:///{tmp_path / 'a.sqlite'}", f"sqlite:///{tmp_path / 'b.sqlite'}"
+    _fill(a)
+    _fill(a, times=(3.0, 2.5), bucket="q1024_k1024_bh32", uri="attn_bwd_x_sm90", failed=0)
+    with dbs.Store(a, "read") as st, st.session() as s:
+        part = dbs.export_data(s, kernels_glob="attn_bwd_*")
+        assert dbs.export_data(s, kernels_glob="*") == dbs.export_data(s)
+    assert [k["uri"] for k in part["kernels"]] == ["attn_bwd_x_sm90"]
+    assert part["shape_buckets"] == ["q1024_k1024_bh32"] and len(part["trials"]) == 2
+    assert [w["bucket"] for w in part["winners"]] == ["q1024_k1024_bh32"]
+    with dbs.Store(b, "create") as st, st.session() as s:
+        rep = dbs.import_data(s, part)
+    assert (rep.trials_added, rep.winners_changed) == (2, 1)
+    assert _export(b) == part
+
+
 def test_import_merges_and_the_faster_winner_stays(tmp_path):
     a, b = f"sqlite:///{tmp_path / 'a.sqlite'}", f"sqlite:///{tmp_path / 'b.sqlite'}"
     _fill(a, times=(2.0, 1.5))
