@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The tuning run on an H100/H200 (about 7-8 minutes: every phase has its own time limit, and no
-# phase starts after 450 s):
+# The tuning run on an H100/H200 (every phase has its own time limit, and no phase starts after
+# $LATEST_START s, default 450; a device call of 600 s fits one of the PHASES lines below):
 #
 #   benchmarks/gpu_tune.sh            # writes into $OUT (default benchmarks/results/tmp)
 #
-#   1. search vs exhaustive: `attngen tune --sampler grid` over the forward space on 3 shapes
-#      (llama hd128 causal 4k x 128 heads, 1k x 256; gemma2 hd256 causal+softcap 4k x 32), then TPE
-#      with 30 % of the valid configs per shape, compared by `attngen db compare`
+#   1. search vs exhaustive over each kernel's whole search space (PHASES=grid,search: about 4-5
+#      minutes with the configs compiled ahead by all cores but two): `attngen tune --sampler grid`
+#      on 3 shapes (llama hd128 causal 4k x 128 heads, 1k x 256; gemma2 hd256 causal+softcap
+#      4k x 32), then TPE with 30 % of the valid configs per shape -> compare_grid.sqlite,
+#      compare_tpe.sqlite; `attngen db compare` on them (phase compare_db, or on any machine)
 #      -> compare_search.json
 #   2. the shipped database: the exhaustive results above, plus TPE on llama's backward (2 buckets)
 #      and on every bf16 forward kernel of specs/ at q8192_k8192_bh32

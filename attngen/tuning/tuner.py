@@ -6,9 +6,11 @@ RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
   1. the default config (space.default_*_config) is measured first (or found, measured earlier on
      this device) and is the yardstick of the winner's gain; it is also Optuna's first trial,
      followed by the winners of the nearest buckets already tuned (warm starts);
-  2. the sampler proposes configs field by field (TPE, seeded; or the exhaustive grid); a config
-     measured before on this device, by this process, another worker or an earlier run, is not
-     measured again; an invalid one (the validity filter) is recorded and never compiled;
+  2. the configs not measured yet are compiled ahead in parallel processes (precompile.py); the
+     sampler proposes valid configs (TPE, seeded, walking the fields as sampling.py says; or the
+     exhaustive grid, every valid config in a seeded order); a config measured before on this
+     device, by this process, another worker or an earlier run, is not measured again (TPE's
+     next trial is then the nearest unmeasured config);
   3. each measured config is one transaction: the trial row and, when it is ok and faster, the
      winner (store.offer_winner);
   4. the study stops when `--trials` distinct configs were measured (all workers together, earlier
@@ -399,6 +401,7 @@ class Tuner:
         self.url = opts.url
         self.interrupt = Interrupt()  # tune() installs it as the SIGINT handler
         self._compiled: set[tuple[str, str, str]] = set()  # (uri, template hash, config) compiled ahead
+        self._studies_left = 1  # of the kernel being tuned, this one included (its compiles are shared)
 
     # -- checks before any work --
     def device_info(self) -> DeviceInfo:
@@ -433,9 +436,13 @@ class Tuner:
 
         return default_workers()
 
-    def _precompile(self, store: dbs.Store, t: Target, problem, ids: dict, deadline) -> None:
+    def _precompile(self, store: dbs.Store, t: Target, problem, ids: dict, budget: int,
+                    deadline) -> None:
         """Every valid config of the study's space not measured yet and not compiled ahead by
-        this process, compiled in parallel processes before the search measures anything."""
+        this process, compiled in parallel processes before the search measures anything -- when
+        that is quicker than compiling what the searches of this kernel left in the run will
+        measure one by one (budget x studies, at most the space): a 20-trial TPE study of a
+        292-config space compiles its 20 configs as it goes."""
         n = self.compile_workers()
         if n <= 0:
             return
@@ -448,7 +455,7 @@ class Tuner:
             key = schema.config_json(cfg)
             if key not in seen and (t.spec.uri, t.template_hash, key) not in self._compiled:
                 todo.append(cfg)
-        if not todo:
+        if not todo or len(todo) > n * min(len(todo), budget * self._studies_left):
             return
         counts = precompile(problem, todo, self.torch_device(), n, deadline)
         self._compiled.update((t.spec.uri, t.template_hash, schema.config_json(c)) for c in todo)
@@ -533,6 +540,8 @@ class Tuner:
                     self.progress.say(f"--timeout reached: {len(targets) - i} studies left "
                                       f"(--resume continues)")
                     break
+                self._studies_left = sum(1 for u in targets[i:] if (u.spec.uri, u.template_hash)
+                                         == (t.spec.uri, t.template_hash))
                 reports.append(self._tune_one(store, storage, device_id, t, i, len(targets), deadline))
         finally:
             storage.remove_session()
@@ -609,7 +618,7 @@ class Tuner:
             report.default_ms, report.default_tflops = default_outcome.time_ms, default_outcome.tflops
 
         # 2. the search, after a head start on compiling its configs
-        self._precompile(store, t, problem, rows, deadline)
+        self._precompile(store, t, problem, rows, budget, deadline)
         worker = self.opts.worker[0] if self.opts.worker else 0
         sampler = make_sampler(self.opts.sampler, space_, budget, self.opts.seed + 1000 * worker)
         study = self._study(storage, t, sampler)

@@ -395,3 +395,33 @@ def test_the_reserved_decode_bucket_is_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "q1_k1024_bh32: the decode bucket (Sq = 1) is not tuned by these kernel families" in err
     assert "Traceback" not in err and not db.exists()
+
+
+def test_compile_ahead_takes_the_unmeasured_valid_configs_when_that_is_quicker(tmp_path, small_space,
+                                                                              monkeypatch):
+    from attngen.tuning import precompile as pre
+
+    calls = []
+
+    def fake_precompile(problem, configs, device, workers, deadline=None):
+        calls.append((configs, workers))
+        return {"configs": len(configs), "compiled": len(configs), "failed": 0, "seconds": 0.0,
+                "stopped": None}
+
+    monkeypatch.setattr(pre, "precompile", fake_precompile)
+    # 1 trial, 2 processes: compiling every valid config ahead would take longer than one compile
+    assert cli(tune_argv(tmp_path / "a.sqlite", "--compile-workers", "2", "--quiet", trials=1)) == 0
+    assert calls == []
+    # the grid measures every valid config: all of them but the default (measured first) go ahead
+    # (--timeout: the compiling ahead comes before the search, which is not needed here)
+    assert cli(tune_argv(tmp_path / "b.sqlite", "--compile-workers", "2", "--sampler", "grid", "--quiet",
+                         "--timeout", "1", trials=1000)) == 0
+    (configs, workers), = calls
+    assert workers == 2
+    keys = {json.dumps(c, sort_keys=True) for c in configs}
+    assert keys == {json.dumps(dataclasses.asdict(c), sort_keys=True) for c in VALID if c != DEFAULT}
+    # a fake timer or probe means no GPU to compile for: nothing ahead unless asked
+    calls.clear()
+    assert cli(tune_argv(tmp_path / "c.sqlite", "--sampler", "grid", "--quiet", "--timeout", "1",
+                         trials=1000)) == 0
+    assert calls == []
