@@ -49,7 +49,11 @@ class ValidSpace:
 
     def configs(self) -> list[dict]:
         """The valid configs (field -> value, the space's field order)."""
-        return [{n: dict(zip(self.names, r))[n] for n in self.space} for r in self.rows]
+        out = []
+        for r in self.rows:
+            values = dict(zip(self.names, r))
+            out.append({n: values[n] for n in self.space})
+        return out
 
     def param_name(self, name: str, allowed: tuple) -> str:
         if allowed == self.space[name]:
