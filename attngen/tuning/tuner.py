@@ -256,12 +256,7 @@ def _drop_never_valid(spec: KernelSpec, items: tuple) -> tuple:
 
 def valid_count(spec: KernelSpec, space_: dict[str, tuple] | None = None) -> int:
     """Configs of the space (the kernel's full space by default) that pass the validity filter."""
-    fam = family_of(spec.family)
-    space_ = space_ or space_for(spec)
-    count = 0
-    for values in itertools.product(*space_.values()):
-        count += fam.check(spec, fam.config(**dict(zip(space_, values)))) is None
-    return count
+    return len(valid_space(spec, space_ or space_for(spec)))
 
 
 def in_space(config: dict, space_: dict[str, tuple]) -> bool:
@@ -436,6 +431,13 @@ class Tuner:
 
         return default_workers()
 
+    @staticmethod
+    def _unmeasured(store: dbs.Store, t: Target, kernel_id: int, bucket_id: int) -> list[dict]:
+        """The valid configs of the study's space not measured yet on its device class."""
+        with store.session() as s:
+            seen = set(dbs.where_measured_configs(s, kernel_id, t.device_class, bucket_id))
+        return [c for c in valid_space(t.spec, t.space).configs() if schema.config_json(c) not in seen]
+
     def _precompile(self, store: dbs.Store, t: Target, problem, ids: dict, budget: int,
                     deadline) -> None:
         """Every valid config of the study's space not measured yet and not compiled ahead by
@@ -448,13 +450,8 @@ class Tuner:
             return
         from attngen.tuning.precompile import precompile
 
-        with store.session() as s:
-            seen = set(dbs.where_measured_configs(s, ids["kernel"], t.device_class, ids["bucket"]))
-        todo = []
-        for cfg in valid_space(t.spec, t.space).configs():
-            key = schema.config_json(cfg)
-            if key not in seen and (t.spec.uri, t.template_hash, key) not in self._compiled:
-                todo.append(cfg)
+        todo = [c for c in self._unmeasured(store, t, ids["kernel"], ids["bucket"])
+                if (t.spec.uri, t.template_hash, schema.config_json(c)) not in self._compiled]
         if not todo or len(todo) > n * min(len(todo), budget * self._studies_left):
             return
         counts = precompile(problem, todo, self.torch_device(), n, deadline)
@@ -632,10 +629,7 @@ class Tuner:
             # the exhaustive grid: every valid config not measured yet, in a seeded order, as
             # enqueued trials (Optuna's GridSampler walks the flat product, mostly invalid
             # configs, and reads every trial of the study back for each proposal)
-            with store.session() as s:
-                seen = set(dbs.where_measured_configs(s, kernel_id, t.device_class, bucket_id))
-            todo = [c for c in valid_space(spec, space_).configs()
-                    if schema.config_json(c) not in seen]
+            todo = self._unmeasured(store, t, kernel_id, bucket_id)
             random.Random(self.opts.seed).shuffle(todo)
             for cfg in todo:
                 study.enqueue_trial(cfg)
