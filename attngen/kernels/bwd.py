@@ -11,7 +11,8 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback
+from attngen.tuning.space import (WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback, check_bwd,
+                                  pointer_bwd_config, require_valid)
 
 
 def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, delta, dq, dk, dv,
@@ -20,7 +21,9 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     """Preprocess (delta = rowsum(dO * O)), dK/dV, and dQ unless `atomic` (then `dq` is the fp32
     accumulator the dK/dV kernel adds into, zeroed by the caller). Shapes as fwd_launches; delta
     has lse's shape and strides. gluon: whether the Gluon dK/dV pass may serve (None: on a GPU
-    only, as in fwd_launches)."""
+    only, as in fwd_launches). Every config a launch runs -- `cfg`, or the Triton / pointer passes'
+    fallback -- passes check_bwd (space.require_valid)."""
+    require_valid(spec, cfg, check_bwd)
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
@@ -33,6 +36,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
     cfg = bwd_triton_fallback(cfg, dkdv=ws_descs is None, dq=dq_ws_descs is None)
+    require_valid(spec, cfg, check_bwd)
     Hq, Hkv = (q.shape[1], k.shape[1])
     if packed:
         docs = cu_seqlens_q.numel() - 1
@@ -45,7 +49,6 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         bq, bk, rows_q, rows_k = B * Hq, B * Hkv, seqlen_q, seqlen_k
         diag = mask.diag_offset(seqlen_q, seqlen_k)
     qk_scale, softcap_in, softcap_out = mask.score_args()
-    pre_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
     common = {
         "Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq, "DK": dk, "DV": dv, "Lse": lse,
         "Delta": delta, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
@@ -59,16 +62,22 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
     }
     ok = rows_q > 0 and rows_k > 0
-    n_blocks = triton.cdiv(rows_k, cfg.block_n)
-    dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)
-    pre = Launch(mod._attn_bwd_preprocess, programs(pre_blocks, bq, "q") if ok else 0,
-                 {**common, "num_m_blocks": pre_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1)
-    dkdv_values = {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
-                   "BLOCK_N": cfg.block_n}
-    dq_values = {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m, "BLOCK_N": cfg.dq_block_n}
-    dkdv_grid = programs(n_blocks, bk, "k") if ok else 0
-    dq_grid = programs(dq_blocks, bq, "q") if ok else 0
-    if getattr(cfg, "tma", False) and not wide and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
+
+    def passes(cfg: BwdConfig):
+        """The preprocess launch, the dK/dV and dQ passes' values and grids for `cfg`'s tiles."""
+        n_blocks = triton.cdiv(rows_k, cfg.block_n)
+        dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)  # the preprocess takes the dQ pass's rows
+        pre = Launch(mod._attn_bwd_preprocess, programs(dq_blocks, bq, "q") if ok else 0,
+                     {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1)
+        dkdv_values = {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
+                       "BLOCK_N": cfg.block_n}
+        dq_values = {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m,
+                     "BLOCK_N": cfg.dq_block_n}
+        return (pre, dkdv_values, dq_values, programs(n_blocks, bk, "k") if ok else 0,
+                programs(dq_blocks, bq, "q") if ok else 0)
+
+    pre, dkdv_values, dq_values, dkdv_grid, dq_grid = passes(cfg)
+    if cfg.tma and not wide and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
         tensors = {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq, "DK": dk, "DV": dv}
         dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n, packed=packed))
         dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, True, packed))
@@ -102,6 +111,12 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
                                        cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
             return launches
+    # the pointer passes: the TMA and Gluon passes' knobs do not exist there
+    pointer_cfg = pointer_bwd_config(cfg)
+    require_valid(spec, pointer_cfg, check_bwd)
+    if pointer_cfg != cfg:
+        cfg = pointer_cfg
+        pre, dkdv_values, dq_values, dkdv_grid, dq_grid = passes(cfg)
     launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
     if not atomic:
         launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))

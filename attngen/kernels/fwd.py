@@ -10,8 +10,8 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (WS_CONSUMER_REGS, FwdConfig, persistent_docs_ok, triton_fallback,
-                                  ws_fwd_maxnreg)
+from attngen.tuning.space import (WS_CONSUMER_REGS, FwdConfig, check_fwd, persistent_docs_ok,
+                                  pointer_fwd_config, require_valid, triton_fallback, ws_fwd_maxnreg)
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -20,7 +20,10 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32, any
     strides (a bshd tensor is passed as its permuted view). Packed (cu_seqlens given): q (Tq, Hq, D),
     k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq). gluon: whether a Gluon kernel may serve
-    (None: on a GPU only; Triton's interpreter does not run Gluon; the compile probe says True)."""
+    (None: on a GPU only; Triton's interpreter does not run Gluon; the compile probe says True).
+    Every config a launch runs -- `cfg`, or the fallback the Triton or pointer kernel takes when the
+    Gluon or TMA kernel cannot serve the call -- passes check_fwd (space.require_valid)."""
+    require_valid(spec, cfg, check_fwd)
     packed = cu_seqlens_q is not None
     if packed:
         Hq = q.shape[1]
@@ -69,11 +72,12 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
                            maxnreg=ws_fwd_maxnreg(spec, cfg))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)
-        blocks = triton.cdiv(rows, cfg.block_m)
-        values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        require_valid(spec, cfg, check_fwd)
+    blocks = triton.cdiv(rows, cfg.block_m)
+    values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0
     descs = None
-    if getattr(cfg, "tma", False) and hasattr(mod, "_attn_fwd_tma") and grid:
+    if cfg.tma and hasattr(mod, "_attn_fwd_tma") and grid:
         descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out, packed))
     if descs is not None and not values["OFFS_64"]:
         values.update(WARP_SPEC=bool(cfg.warp_specialize), Q_REGS=bool(cfg.q_regs),
@@ -82,6 +86,9 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
             grid = min(grid, cfg.persistent * sm_count(q.device))
         return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs,
                        maxnreg=cfg.maxnreg)]
+    # the pointer kernel: the TMA kernels' knobs do not exist there
+    cfg = pointer_fwd_config(cfg, spec)
+    require_valid(spec, cfg, check_fwd)
     return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
 
 

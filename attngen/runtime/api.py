@@ -9,8 +9,9 @@ Three ways in, one implementation:
   eagerly costs more host time than a short call's kernels take on the GPU);
 * a miss validates the call (errors name the argument), picks kernel and config
   (attngen.runtime.dispatch) and builds the plan.
-Every plan key ends with dispatch.override() (None, or the target a `forced_target` scope imposes):
-with the device, it fixes the kernel target, so a plan never serves a call of another target.
+Every plan key ends with dispatch.override() (None, or what `forced_target` / `forced_config`
+scopes impose): with the device, it fixes the kernel target and any forced config, so a plan never
+serves a call of another target or config.
 Nothing on the traced path takes a lock, reads the environment or writes tensor attributes.
 """
 
@@ -29,7 +30,7 @@ from attngen.kernels.launch import make_descriptors
 from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
 from attngen.tuning.buckets import ShapeBucket, bucket_of
-from attngen.tuning.space import triton_fallback
+from attngen.tuning.space import pointer_bwd_config, pointer_fwd_config
 
 MIN_HEAD_DIM = 8
 
@@ -255,13 +256,12 @@ class ForwardPlan:
         self.dtype, self.device, self.layout, self.opts = q.dtype, q.device, opts.layout, opts
         self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
             FWD, q, d, opts, packed)
-        if getattr(self.config, "tma", False) and host_bound(bucket):
-            import dataclasses
-
+        self.forced = self.config_source == "forced"
+        if self.config.tma and host_bound(bucket) and not self.forced:
             # the config the pointer kernel runs (a warp-specialized config names the Triton
-            # kernels' tiles it falls back to), so the plan and explain() say what launches
-            self.config = triton_fallback(dataclasses.replace(self.config, tma=False,
-                                                              warp_specialize=False), self.spec)
+            # kernels' tiles it falls back to; the TMA and Gluon knobs off), so the plan and
+            # explain() say what launches
+            self.config = pointer_fwd_config(self.config, self.spec)
             self.config_source += " (pointer kernel: a host-bound shape)"
         out, lse = self.empty()
         self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
@@ -310,11 +310,9 @@ class ForwardPlan:
 
     def _pointer_plan(self) -> "ForwardPlan":
         if self._fallback is None:
-            import dataclasses
-
             plan = object.__new__(ForwardPlan)
             plan.__dict__.update(self.__dict__)
-            plan.config = dataclasses.replace(self.config, tma=False, warp_specialize=False)
+            plan.config = pointer_fwd_config(self.config, self.spec)
             qv, kv, vv, cu_q, cu_k = self._shadows
             out = torch.empty(self.out_shape, dtype=self.dtype, device="meta")
             lse = torch.empty(self.lse_shape, dtype=torch.float32, device="meta")
@@ -340,10 +338,9 @@ class BackwardPlan:
         self.bucket = d.bucket
         self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
             BWD, q, d, opts, packed)
-        if getattr(self.config, "tma", False) and (pointer_only or host_bound(d.bucket)):
-            import dataclasses
-
-            self.config = dataclasses.replace(self.config, tma=False)
+        self.forced = self.config_source == "forced"
+        if self.config.tma and (pointer_only or (host_bound(d.bucket) and not self.forced)):
+            self.config = pointer_bwd_config(self.config)
             self.config_source += (" (pointer kernels: " + ("a misaligned call)" if pointer_only
                                                             else "a host-bound shape)"))
         self.atomic = self.config.atomic_dq and not deterministic

@@ -4,7 +4,7 @@ The kernel target is the device's own (sm90 on Hopper, sm80 on Ampere/Ada and th
 unless a `forced_target(...)` scope says otherwise; the plan caches key on that override
 (`override()`), so a plan made under one target is never reused under another.
 
-Config order: the tuning database's winner for (kernel, device class, shape bucket), else its
+Config order: a `forced_config` scope's config, then the tuning database's winner for (kernel, device class, shape bucket), else its
 nearest tuned bucket (attngen.tuning.winners), else the family's default table
 (attngen.tuning.space). The database is read once per process, lazily.
 """
@@ -27,11 +27,38 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 _forced: str | None = None  # the target of the innermost forced_target scope (process-wide)
+# family -> the config of the innermost forced_config scope that names it (process-wide)
+_forced_configs: dict[str, object] = {}
 
 
-def override() -> str | None:
-    """The target a `forced_target` scope imposes, else None. Part of every plan-cache key."""
-    return _forced
+def override():
+    """The target a `forced_target` scope imposes (None outside one), paired with the configs of
+    the `forced_config` scopes when there are any. Part of every plan-cache key."""
+    if not _forced_configs:
+        return _forced
+    return _forced, tuple(sorted(_forced_configs.items()))
+
+
+@contextlib.contextmanager
+def forced_config(**configs) -> Iterator[None]:
+    """Within this scope, plans of the named families run the given configs instead of the tuned
+    or default ones: `forced_config(fwd=FwdConfig(...), bwd=BwdConfig(...))`. This is how the
+    correctness grids force every kernel path the dispatcher can choose (pointer, TMA, Gluon,
+    persistent, each knob). A forced config must pass the family's validity filter for the call's
+    kernel (else a ValueError with the filter's reason); the plan's own downgrade for host-bound
+    shapes is skipped, while the launchers' fallbacks for calls a kernel cannot take (tensors the
+    copy engine cannot address, 64-bit offsets) stay. Process-wide, restored on exit, nests."""
+    for name, cfg in configs.items():
+        fam = family(name)
+        if not isinstance(cfg, fam.config):
+            raise ValueError(f"{name}: expected a {fam.config.__name__}, got {type(cfg).__name__}")
+    before = dict(_forced_configs)
+    _forced_configs.update(configs)
+    try:
+        yield
+    finally:
+        _forced_configs.clear()
+        _forced_configs.update(before)
 
 
 @contextlib.contextmanager
@@ -105,6 +132,12 @@ def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: 
     """(config, source): source says where it came from ("tuned" or "default"). `window`: the keys
     one query sees at most under a sliding-window mask (the default table's tiles depend on it)."""
     fam = family(spec.family)
+    forced = _forced_configs.get(spec.family)
+    if forced is not None:
+        why = fam.check(spec, forced)
+        if why is not None:
+            raise ValueError(f"forced_config({spec.family}=...): {forced} cannot launch {spec.uri}: {why}")
+        return forced, "forced"
     if dev_class != CPU_CLASS:
         from attngen.tuning import winners  # stdlib sqlite3 only; read once per process
 

@@ -179,6 +179,37 @@ def triton_fallback(cfg: FwdConfig, spec: KernelSpec | None = None) -> FwdConfig
     return base if cfg.tma else dataclasses.replace(base, tma=False, q_regs=False)
 
 
+def pointer_fwd_config(cfg: FwdConfig, spec: KernelSpec) -> FwdConfig:
+    """The config the pointer kernel `_attn_fwd` runs for `cfg` when the copy engine cannot serve
+    a call (a host-bound shape, tensors not 16-byte aligned, offsets past 2^31): the Triton
+    kernels' tiles (a warp-specialized config names the ones it falls back to) with every knob of
+    the TMA and Gluon kernels off, so that the config passes check_fwd for the pointer kernel."""
+    cfg = triton_fallback(cfg, spec)
+    return dataclasses.replace(cfg, tma=False, warp_specialize=False, q_regs=False, persistent=0,
+                               consumers=0, pair_tiles=False)
+
+
+def pointer_bwd_config(cfg: "BwdConfig") -> "BwdConfig":
+    """The backward's twin of pointer_fwd_config: the pointer passes' config for `cfg` (the Gluon
+    passes' tiles through bwd_triton_fallback; tma, split_dkdv, dq_regs off)."""
+    cfg = bwd_triton_fallback(cfg)
+    return dataclasses.replace(cfg, tma=False, split_dkdv=False, dq_regs=False)
+
+
+class InvalidConfig(ValueError):
+    """A config that the validity filter rejects reached a launch."""
+
+
+def require_valid(spec: KernelSpec, cfg, check) -> None:
+    """The launchers' choke point: every config that reaches a launch passes the validity filter
+    the tuner uses (`check`: check_fwd / check_bwd), whatever path (tuned winner, default table,
+    forced config, a plan's downgrade or a launcher's fallback) produced it."""
+    why = check(spec, cfg)
+    if why is not None:
+        raise InvalidConfig(f"{spec.uri}: config {cfg} is rejected by the validity filter ({why}); "
+                            "it cannot be launched")
+
+
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     """None if `cfg` can launch `spec`'s forward kernel, else the reason (the tuner records it)."""
     if not (_pow2(cfg.block_m) and _pow2(cfg.block_n)):

@@ -17,6 +17,11 @@ SUMMARY_ENV = "ATTNGEN_GPU_SUMMARY"
 
 
 def pytest_collection_modifyitems(config, items):
+    if "gpu_full" not in (config.getoption("markexpr", "") or ""):
+        full = pytest.mark.skip(reason="the full correctness grid runs with -m gpu_full")
+        for item in items:
+            if item.get_closest_marker("gpu_full"):
+                item.add_marker(full)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
@@ -43,7 +48,27 @@ def _environment() -> dict:
     return info
 
 
+def _merge_grid_results(exitstatus) -> None:
+    """The correctness grid's records (test_gpu_grid.py: one JSONL file per xdist worker) merged
+    into $ATTNGEN_GRID_RESULTS."""
+    path = os.environ.get("ATTNGEN_GRID_RESULTS")
+    if not path:
+        return
+    parts = sorted(Path(path).parent.glob(Path(path).name + ".*.jsonl"))
+    records = [json.loads(line) for p in parts for line in p.read_text().splitlines() if line]
+    if not records:
+        return
+    records.sort(key=lambda r: (r["path"], r["head_dim"], r["dtype"], r["sq"], r["sk"]))
+    Path(path).write_text(json.dumps({**_environment(), "exitstatus": int(exitstatus), "cases": len(records),
+                                      "failed": sum(not r["passed"] for r in records),
+                                      "records": records}, indent=1) + "\n")
+    for p in parts:
+        p.unlink()
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if getattr(session.config, "workerinput", None) is None:
+        _merge_grid_results(exitstatus)
     path = os.environ.get(SUMMARY_ENV)
     if not path or getattr(session.config, "workerinput", None) is not None:  # xdist workers: no
         return

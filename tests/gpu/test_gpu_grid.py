@@ -1,0 +1,372 @@
+"""The GPU correctness grid: every kernel path the dispatcher can choose, forced on every head-dim
+class, on flash-attn-style odd shapes, against a float64 reference.
+
+Two parts:
+* DEFAULT: every head dim 8, 16, ..., 256 plus odd ones, through attngen.attention /
+  attention_varlen as a user calls them (tuned or default config, the plan's downgrades for
+  host-bound shapes included), seqlen pairs, dtypes, masks, GQA ratios and layouts drawn from one
+  seeded generator.
+* FORCED: one representative head dim per class (one power-of-two tile, one padded tile, two
+  column tiles full or with masked columns, the Gluon head dims) x every path of PATHS, run under
+  dispatch.forced_config, each checked to have launched the kernels its path names.
+Each case checks the output (flash-attn rule: error <= 2x PyTorch's in the same precision), the
+LSE and the gradients (3x), on fresh random inputs with the output memory poisoned first. With
+ATTNGEN_GRID_RESULTS=path.json the run writes one record per case (tests/gpu/conftest.py).
+
+`pytest -m gpu tests/gpu/test_gpu_grid.py -n 12` runs the seeded sample in a few minutes on the
+H200; `-m gpu_full` adds FULL, the whole product of head dims and paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import random
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import attngen
+from attngen.kernels.common import default_scale
+from attngen.runtime import api, dispatch
+from attngen.spec import KernelSpec
+from attngen.testing import (assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err,
+                             random_inputs)
+from attngen.tuning import space
+from attngen.tuning.space import BwdConfig, FwdConfig
+
+pytestmark = pytest.mark.gpu
+
+RESULTS_ENV = "ATTNGEN_GRID_RESULTS"
+SEED = 2027
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+HEAD_DIMS = list(range(8, 257, 8)) + [59, 111, 203]
+SEQLENS = [(113, 203), (128, 217), (113, 211), (108, 256), (256, 512), (512, 256), (1024, 1024),
+           (1023, 1024), (1024, 1023), (2048, 2048), (1, 239), (3, 799), (239, 1), (799, 3),
+           (64, 128), (200, 203)]
+# one head dim per class: power-of-two tile (64, 128, 256: the Gluon head dims too), padded tile
+# (8, 59, 111, 203), two column tiles full (48, 80, 96, 192) or with masked columns (40, 72, 88)
+CLASSES = {8: "one padded tile", 40: "two tiles, masked columns", 48: "two tiles", 59: "one padded tile",
+           64: "power of two (Gluon)", 72: "two tiles, masked columns", 80: "two tiles",
+           88: "two tiles, masked columns", 96: "two tiles", 111: "one padded tile",
+           128: "power of two (Gluon)", 160: "two tiles", 192: "two tiles (Gluon)",
+           203: "one padded tile", 256: "power of two (Gluon)"}
+HEADS = {"mha": (6, 6), "gqa": (6, 2), "mqa": (6, 1)}
+
+
+@dataclass(frozen=True)
+class Path:
+    """A kernel path: candidate configs (the first that the validity filter takes for the call's
+    kernel is forced) and the kernels it must launch."""
+
+    name: str
+    family: str
+    configs: tuple
+    kernels: tuple[str, ...]
+    packed: bool | None = None  # only packed documents (True) / only dense calls (False)
+
+
+FWD_PATHS = [
+    Path("fwd:pointer", "fwd", (FwdConfig(64, 64, 4, 2),), ("_attn_fwd",)),
+    Path("fwd:pointer-128x64-lazy", "fwd", (FwdConfig(128, 64, 8, 1, lazy_rescale=True),
+                                           FwdConfig(64, 32, 4, 1, lazy_rescale=True)), ("_attn_fwd",)),
+    Path("fwd:tma", "fwd", (FwdConfig(64, 64, 4, 3, tma=True), FwdConfig(64, 64, 4, 2, tma=True),
+                            FwdConfig(64, 32, 4, 2, tma=True)), ("_attn_fwd_tma",)),
+    Path("fwd:tma-q_regs", "fwd", (FwdConfig(64, 64, 4, 3, tma=True, q_regs=True),
+                                   FwdConfig(64, 64, 4, 2, tma=True, q_regs=True),
+                                   FwdConfig(64, 32, 4, 2, tma=True, q_regs=True)), ("_attn_fwd_tma",)),
+    Path("fwd:tma-128-lazy", "fwd", (FwdConfig(128, 64, 8, 2, tma=True, lazy_rescale=True),
+                                     FwdConfig(128, 32, 8, 1, tma=True, lazy_rescale=True)), ("_attn_fwd_tma",)),
+    Path("fwd:tma-persistent", "fwd", (FwdConfig(64, 64, 4, 2, tma=True, persistent=2),
+                                       FwdConfig(64, 32, 4, 2, tma=True, persistent=2)), ("_attn_fwd_tma",)),
+    Path("fwd:tma-warp_specialize", "fwd", (FwdConfig(128, 64, 8, 2, tma=True, warp_specialize=True),
+                                            FwdConfig(128, 32, 8, 2, tma=True, warp_specialize=True)),
+         ("_attn_fwd_tma",)),
+    Path("fwd:gluon-1", "fwd", (FwdConfig(64, 128, 4, 2, tma=True, consumers=1),
+                                FwdConfig(64, 64, 4, 2, tma=True, consumers=1)), ("_attn_fwd_ws",), False),
+    Path("fwd:gluon-2", "fwd", (space.WS_DEFAULT, space.WS_DEFAULT_WIDE), ("_attn_fwd_ws",)),
+    Path("fwd:gluon-2-pair", "fwd", (dataclasses.replace(space.WS_DEFAULT, pair_tiles=True),
+                                     dataclasses.replace(space.WS_DEFAULT_WIDE, pair_tiles=True)),
+         ("_attn_fwd_ws",)),
+    Path("fwd:gluon-docs-persistent", "fwd", (space.WS_DOCS,), ("_attn_fwd_ws",), True),
+]
+BWD_PATHS = [
+    Path("bwd:pointer", "bwd", (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2), BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)),
+         ("_attn_bwd_dkdv", "_attn_bwd_dq")),
+    Path("bwd:pointer-atomic", "bwd", (BwdConfig(32, 64, 4, 2, 64, 32, 4, 1, atomic_dq=True),
+                                       BwdConfig(32, 32, 4, 1, 64, 32, 4, 1, atomic_dq=True)), ("_attn_bwd_dkdv",)),
+    Path("bwd:tma", "bwd", (BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=True),
+                            BwdConfig(64, 64, 8, 2, 64, 64, 8, 2, tma=True),
+                            BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, tma=True)), ("_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma")),
+    Path("bwd:tma-split-dq_regs", "bwd", (BwdConfig(32, 64, 4, 2, 64, 64, 4, 2, tma=True, split_dkdv=True, dq_regs=True),
+                                          BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, tma=True, split_dkdv=True, dq_regs=True)),
+         ("_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma")),
+    Path("bwd:tma-atomic", "bwd", (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, atomic_dq=True),
+                                   BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, tma=True, atomic_dq=True)),
+         ("_attn_bwd_dkdv_tma",)),
+    Path("bwd:gluon", "bwd", (space.WS_BWD_DEFAULT, space.WS_BWD_DEFAULT_HD64), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
+    Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
+    Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws",)),
+]
+PATHS = FWD_PATHS + BWD_PATHS
+
+
+@dataclass(frozen=True)
+class Case:
+    hd: int
+    dtype: str
+    sq: int
+    sk: int
+    mask: str  # "full" | "causal" | "window" | "softcap" | "causal-softcap"
+    window: tuple[int, int]
+    heads: str  # mha | gqa | mqa
+    layout: str  # bhsd | bshd | packed
+    path: str  # "default" or a Path name
+    seed: int
+
+    @property
+    def id(self) -> str:
+        w = f"{self.window[0]}_{self.window[1]}" if self.mask == "window" else ""
+        return (f"hd{self.hd}-{self.dtype}-q{self.sq}-k{self.sk}-{self.mask}{w}-{self.heads}-{self.layout}"
+                f"-{self.path}")
+
+    @property
+    def causal(self) -> bool:
+        return self.mask.startswith("causal")
+
+    @property
+    def softcap(self) -> float:
+        return 30.0 if "softcap" in self.mask else 0.0
+
+    @property
+    def window_size(self) -> tuple[int, int]:
+        return self.window if self.mask == "window" else (-1, -1)
+
+
+def _mask_kind(c: Case) -> str:
+    return "sliding_window" if c.mask == "window" else ("causal" if c.causal else "none")
+
+
+def kernel_spec(c: Case, family: str) -> KernelSpec:
+    hq, hkv = HEADS[c.heads]
+    return KernelSpec(family, c.dtype, "sm90", c.hd, c.hd, hq // hkv, _mask_kind(c), c.softcap > 0,
+                      c.layout == "packed")
+
+
+def pick(path: Path, c: Case):
+    """The first of the path's configs the validity filter takes for the case's kernel, or None."""
+    if path.packed is not None and path.packed != (c.layout == "packed"):
+        return None
+    spec = kernel_spec(c, path.family)
+    check = space.check_fwd if path.family == "fwd" else space.check_bwd
+    return next((cfg for cfg in path.configs if check(spec, cfg) is None), None)
+
+
+PATHS_BY_NAME = {p.name: p for p in PATHS}
+POINTER = {"fwd": ("_attn_fwd",), "bwd": ("_attn_bwd_dkdv",)}
+
+
+def expected_kernels(path: Path, c: Case) -> tuple[str, ...]:
+    """The kernels a forced path must launch: its own; the pointer kernels where rows are not
+    16-byte aligned (head dims that are not multiples of 8), which the copy engine cannot address
+    (the launchers' fallback, the only path such calls have)."""
+    if c.hd % 8 and not path.kernels[0] in POINTER[path.family]:
+        return POINTER[path.family]
+    return path.kernels
+
+
+def _draw(rng: random.Random, hd: int, path: str, packed_ok: bool = True) -> Case:
+    sq, sk = rng.choice(SEQLENS)
+    mask = rng.choice(["full", "causal", "window", "softcap", "causal-softcap"])
+    window = (rng.randint(0, 300), rng.choice([0, rng.randint(0, 300)]))
+    layout = rng.choice(["bhsd", "bshd", "packed"] if packed_ok else ["bhsd", "bshd"])
+    return Case(hd, rng.choice(list(DTYPES)), sq, sk, mask, window, rng.choice(list(HEADS)), layout,
+                path, rng.randrange(1 << 30))
+
+
+def default_cases() -> list[Case]:
+    """Every head dim through the dispatcher's own choice, twice: one host-bound shape (the plan's
+    downgrade to the pointer kernels) and one drawn from SEQLENS."""
+    rng = random.Random(SEED)
+    out = []
+    for hd in HEAD_DIMS:
+        small = _draw(rng, hd, "default")
+        out.append(dataclasses.replace(small, sq=113, sk=203, layout=rng.choice(["bhsd", "bshd"])))
+        out.append(_draw(rng, hd, "default"))
+    return out
+
+
+def _forced_case(rng: random.Random, hd: int, path: Path) -> Case | None:
+    """A case on which `path` has a valid config (packed documents long and even enough for the
+    persistent Gluon walk when the path is that one), or None."""
+    for _ in range(40):
+        c = _draw(rng, hd, path.name, packed_ok=path.packed is not False)
+        if path.packed:
+            c = dataclasses.replace(c, layout="packed", sq=1024, sk=1024)
+        if path.packed is False and c.layout == "packed":
+            continue
+        if pick(path, c) is not None:
+            return c
+    return None
+
+
+def forced_cases(head_dims) -> list[Case]:
+    rng = random.Random(SEED + 1)
+    out = []
+    for hd, path in itertools.product(head_dims, PATHS):
+        c = _forced_case(rng, hd, path)
+        if c is not None:
+            out.append(c)
+    return out
+
+
+DEFAULT = default_cases()
+FORCED = forced_cases(CLASSES)
+FULL = forced_cases(HEAD_DIMS)
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _docs(c: Case, rng: random.Random) -> tuple[list[int], list[int]]:
+    """Document lengths (query, key) of a packed case: three documents around sq / sk tokens, the
+    persistent Gluon path's equal 1024-token ones."""
+    if c.path == "fwd:gluon-docs-persistent":
+        return [1024, 1024], [1024, 1024]
+    lq = [max(1, c.sq - rng.randint(0, c.sq // 2)) for _ in range(3)]
+    lk = [max(1, c.sk - rng.randint(0, c.sk // 2)) for _ in range(3)]
+    return lq, lk
+
+
+def _poison(nbytes: int, device: str) -> None:
+    """Fill the caching allocator's free memory with NaN, so an output element a kernel leaves
+    unwritten shows as NaN instead of a stale right answer."""
+    if device != "cuda":
+        return
+    t = torch.empty(max(nbytes, 1 << 20) // 4, dtype=torch.float32, device=device)
+    t.fill_(float("nan"))
+    del t
+
+
+def _ref_packed(q, k, v, lq, lk, c: Case, upcast: bool):
+    """The reference over packed documents: one (1, H, T, D) call with the block-diagonal mask of
+    the documents' own (causal / window) masks."""
+    keep = torch.zeros(sum(lq), sum(lk), dtype=torch.bool, device=q.device)
+    oq = ok = 0
+    for a, b in zip(lq, lk):
+        keep[oq:oq + a, ok:ok + b] = keep_mask(a, b, c.causal, c.window_size, device=q.device)
+        oq, ok = oq + a, ok + b
+    t = lambda x: x.transpose(0, 1).unsqueeze(0)  # (T, H, D) -> (1, H, T, D)
+    out, lse = attention_ref(t(q), t(k), t(v), softcap=c.softcap, upcast=upcast, keep=keep)
+    return out[0].transpose(0, 1), lse[0]
+
+
+def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None:
+    """Run case `c` (forward with LSE, backward) on `device` and check it; append its record to
+    `records`. The CPU interpreter tests run the pointer paths through it too."""
+    hq, hkv = HEADS[c.heads]
+    dtype = DTYPES[c.dtype]
+    rng = random.Random(c.seed)
+    packed = c.layout == "packed"
+    if packed:
+        lq, lk = _docs(c, rng)
+        shapes = [(sum(lq), hq, c.hd), (sum(lk), hkv, c.hd), (sum(lk), hkv, c.hd)]
+    else:
+        B = 2
+        shapes = [(B, hq, c.sq, c.hd), (B, hkv, c.sk, c.hd), (B, hkv, c.sk, c.hd)]
+        if c.layout == "bshd":
+            shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
+    q, k, v = random_inputs(*shapes, dtype=dtype, device=device, seed=c.seed,
+                            mults=(4.0 if c.softcap else 1.0, 1.0, 1.0), requires_grad=True)
+    g = torch.Generator(device=device).manual_seed(c.seed + 1)
+    kw = dict(causal=c.causal, window_size=c.window_size, softcap=c.softcap)
+    forced = {}
+    if c.path != "default":
+        path = PATHS_BY_NAME[c.path]
+        forced[path.family] = pick(path, c)
+    api.clear_plans()
+    _poison(4 * q.numel() * 8, device)
+    with dispatch.forced_config(**forced):
+        if packed:
+            cu_q = torch.tensor([0, *itertools.accumulate(lq)], dtype=torch.int32, device=device)
+            cu_k = torch.tensor([0, *itertools.accumulate(lk)], dtype=torch.int32, device=device)
+            out, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True, **kw)
+        else:
+            out, lse = attngen.attention(q, k, v, layout=c.layout, return_lse=True, **kw)
+        dout = torch.randn(out.shape, generator=g, device=device, dtype=torch.float32).to(dtype)
+        _poison(4 * (q.numel() + k.numel() + v.numel()) * 4, device)
+        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    launched = api.launched()
+    ran = [n for n, _ in launched["fwd"] + launched["bwd"]]
+
+    def ref(upcast: bool, *t):
+        if packed:
+            return _ref_packed(*t, lq, lk, c, upcast)
+        views = [x.transpose(1, 2) for x in t] if c.layout == "bshd" else list(t)
+        o, l = attention_ref(*views, scale=default_scale(c.hd), upcast=upcast, **kw)
+        return (o.transpose(1, 2) if c.layout == "bshd" else o), l
+
+    leaves64 = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out64, lse64 = ref(True, *leaves64)
+    g64 = torch.autograd.grad(out64, leaves64, dout.double())
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out_pt, _ = ref(False, *leaves)
+    g_pt = torch.autograd.grad(out_pt, leaves, dout)
+
+    ratios, failure = {}, None
+    try:
+        if c.path != "default":
+            missing = [n for n in expected_kernels(PATHS_BY_NAME[c.path], c) if n not in ran]
+            assert not missing, f"{c.id}: forced {forced}, but {missing} did not run (ran {ran})"
+        for name, got, want, pt, factor in (("out", out, out64, out_pt, 2.0),
+                                            *((n, a, b, p, 3.0) for n, a, b, p in
+                                              zip(("dq", "dk", "dv"), (dq, dk, dv), g64, g_pt))):
+            err, pt_err = assert_flash_rule(f"{c.id}/{name}", got, want, pt, factor, atol=1e-4)
+            ratios[name] = err / max(pt_err, 1e-12)
+        assert_lse_close(f"{c.id}/lse", lse, lse64.float(), rtol=1e-3, atol=1e-3)
+        ratios["lse"] = max_err(lse.masked_fill(torch.isinf(lse), 0), lse64.masked_fill(torch.isinf(lse64), 0))
+    except AssertionError as exc:
+        failure = str(exc)
+    if records is not None:
+        records.append({
+            "head_dim": c.hd, "dtype": c.dtype, "sq": c.sq, "sk": c.sk, "mask": c.mask,
+            "window": list(c.window_size), "layout": c.layout, "heads": list(HEADS[c.heads]),
+            "path": c.path, "knobs": {f: dataclasses.asdict(cfg) for f, cfg in forced.items()},
+            "kernels": ran, "passed": failure is None,
+            "max_err_ratio": round(max((v for n, v in ratios.items() if n != "lse"), default=float("nan")), 4),
+            "lse_max_err": ratios.get("lse"), "error": failure})
+    if failure:
+        raise AssertionError(failure)
+
+
+@pytest.fixture(scope="module")
+def grid_records():
+    records: list[dict] = []
+    yield records
+    path = os.environ.get(RESULTS_ENV)
+    if path and records:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{path}.{worker}.jsonl", "a") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+
+
+@pytest.mark.parametrize("case", DEFAULT, ids=lambda c: c.id)
+def test_default_dispatch(case, grid_records):
+    run_case(case, grid_records)
+
+
+@pytest.mark.parametrize("case", FORCED, ids=lambda c: c.id)
+def test_forced_path(case, grid_records):
+    run_case(case, grid_records)
+
+
+@pytest.mark.gpu_full
+@pytest.mark.parametrize("case", FULL, ids=lambda c: c.id)
+def test_forced_path_full(case, grid_records):
+    run_case(case, grid_records)
