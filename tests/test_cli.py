@@ -508,3 +508,14 @@ def test_unknown_command_or_option_exits_2(capsys):
     assert rc == 2 and "invalid choice: 'bogus'" in stderr
     rc, _, stderr = run(capsys, "build", "--nope")
     assert rc == 2 and "unrecognized arguments: --nope" in stderr
+
+
+def test_explain_without_a_gpu_is_a_clear_error(capsys, monkeypatch):
+    """`attngen explain` (default --device cuda) on a machine without a GPU: exit 1 (the machine
+    lacks what the command needs) and a one-line message, no traceback."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, out, err = run(capsys, "explain", "--shape", "2,6,6,113,203,40", "--causal")
+    assert code == 1 and out == ""
+    assert "needs a CUDA GPU" in err and "--device cpu" in err and "Traceback" not in err

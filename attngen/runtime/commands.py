@@ -22,7 +22,7 @@ def warmup_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequence lengths, one per shape bucket to compile (default 1024,4096,16384)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--backward", action="store_true", help="compile the backward kernels too")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda (default; needs a GPU) or cpu (Triton's interpreter)")
 
 
 def run_warmup(args: argparse.Namespace) -> int:
@@ -67,7 +67,7 @@ def explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window", type=_ints, default=[-1, -1], help="left,right (flash-attn)")
     p.add_argument("--softcap", type=float, default=0.0)
     p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default="cuda", help="cuda (default; needs a GPU) or cpu (Triton's interpreter)")
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -79,6 +79,11 @@ def run_explain(args: argparse.Namespace) -> int:
         print("attngen explain: --shape takes B,Hq,Hkv,Sq,Sk,D", file=sys.stderr)
         return 2
     B, hq, hkv, sq, sk, d = args.shape
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        print("attngen explain: --device cuda needs a CUDA GPU (torch.cuda.is_available() is False); "
+              "on this machine, `--device cpu` explains what Triton's interpreter would run",
+              file=sys.stderr)
+        return 1
     dt = getattr(torch, DTYPES[args.dtype])
     dims = ((B, hq, sq, d), (B, hkv, sk, d)) if args.layout == "bhsd" else ((B, sq, hq, d), (B, sk, hkv, d))
     try:  # shapes only: nothing is allocated or launched
