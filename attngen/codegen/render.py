@@ -155,6 +155,10 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "pad_v": spec.pad_v,
         "qk_tiles": column_tiles(spec, "qk", policy),
         "v_tiles": column_tiles(spec, "v", policy),
+        # the pointer kernel's: one padded tile (its two-tile form miscompiles on Hopper with Triton
+        # 3.6; templates/attn_fwd.py.jinja)
+        "ptr_qk_tiles": column_tiles(spec, "qk", "pad"),
+        "ptr_v_tiles": column_tiles(spec, "v", "pad"),
         "int_params": unspecialized_ints(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
         "dp_first": dp_first,
