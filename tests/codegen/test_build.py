@@ -302,34 +302,47 @@ def tile_widths(fn: ast.FunctionDef, prefix: str) -> dict[str, int]:
     (112, [128], {("offs_dqk", 112), ("offs_dv", 112)}),  # 64 + 32 + 16 would be three tiles: padded
 ])
 def test_forward_head_dim_tiles(dim, widths, masks):
-    """Forward and backward hold a head dim as one power-of-two tile or two (no matmul on
-    padding), and mask columns only past the head dim; the dots follow the tiles (one Q.K^T term
-    per Q/K tile, one P.V per V tile; in the backward every product per tile) in the pointer, TMA,
-    dK/dV and dQ kernels."""
+    """The TMA kernel and the backward hold a head dim as one power-of-two tile or two (no matmul
+    on padding), and mask columns only past the head dim; the dots follow the tiles (one Q.K^T
+    term per Q/K tile, one P.V per V tile; in the backward every product per tile) in the TMA,
+    dK/dV and dQ kernels. The forward's pointer kernel holds one padded tile (its two-tile form
+    gave wrong results on Hopper), masked past the head dim."""
+    pad = max(16, 1 << (dim - 1).bit_length())
+    pointer_masks = set() if pad == dim else {("offs_dqk", dim), ("offs_dv", dim)}
     for target in ("sm80", "sm90"):
         ks = spec(head_dim_qk=dim, head_dim_v=dim, target=target)
         mod = ast.parse(render(ks))
         fns = functions(mod)
-        assert sorted(tile_widths(fns["_attn_fwd"], "offs_dqk").values(), reverse=True) == widths, ks.uri
-        assert sorted(tile_widths(fns["_attn_fwd"], "offs_dv").values(), reverse=True) == widths, ks.uri
-        assert head_dim_masks(mod) == masks, ks.uri
-        for inner in ("_attn_fwd_inner", "_attn_fwd_tma_inner") if target == "sm90" else ("_attn_fwd_inner",):
-            assert len(calls(fns[inner], "tl.dot")) == 2 * len(widths), f"{ks.uri} {inner}"
+        assert list(tile_widths(fns["_attn_fwd"], "offs_dqk").values()) == [pad], ks.uri
+        assert list(tile_widths(fns["_attn_fwd"], "offs_dv").values()) == [pad], ks.uri
+        assert head_dim_masks(fns["_attn_fwd"]) | head_dim_masks(fns["_attn_fwd_inner"]) == pointer_masks, ks.uri
+        assert len(calls(fns["_attn_fwd_inner"], "tl.dot")) == 2, ks.uri
+        if target == "sm90":
+            assert len(calls(fns["_attn_fwd_tma_inner"], "tl.dot")) == 2 * len(widths), ks.uri
         assert ks.head_chunks("qk") == tuple(zip(itertools.accumulate([0] + widths[:-1]), widths))
-        bwd = functions(ast.parse(render(ks.replace(family="bwd"))))
+        bwd_mod = ast.parse(render(ks.replace(family="bwd")))
+        bwd = functions(bwd_mod)
         n = len(widths)
         for kernel in ("_attn_bwd_dkdv", "_attn_bwd_dq"):
             assert sorted(tile_widths(bwd[kernel], "offs_dqk").values(), reverse=True) == widths, ks.uri
+        # the TMA kernel's column tiles mask only past the head dim (the pointer kernel's checked above)
+        tma_masks = head_dim_masks(mod) - pointer_masks
+        assert tma_masks <= masks, ks.uri
         # dK/dV pass: S^T, dV, dP^T, dK and the atomic dQ per tile; dQ pass: S, dP, dQ
         assert len(calls(bwd["_attn_bwd_dkdv_inner"], "tl.dot")) == 5 * n, ks.uri
         assert len(calls(bwd["_attn_bwd_dq_inner"], "tl.dot")) == 3 * n, ks.uri
 
 
 def test_head_dim_padding_masks_only_for_non_multiples_of_16(rendered):
-    """Every MATRIX head dim is a multiple of 16: the forward splits 80 / 96 / 192 into tiles and
-    masks no column."""
+    """Every MATRIX head dim is a multiple of 16: the TMA kernel splits 80 / 96 / 192 into tiles
+    and masks no column; the pointer kernel masks the columns of its padded tile past a head dim
+    that is not a power of two."""
     for ks, mod in rendered:
-        assert head_dim_masks(mod) == set(), ks.uri
+        fns = functions(mod)
+        pointer = head_dim_masks(fns["_attn_fwd"]) | head_dim_masks(fns["_attn_fwd_inner"])
+        assert pointer == {m for m in head_dim_masks(mod)}, ks.uri
+        assert {b for _, b in pointer} <= {ks.head_dim_qk, ks.head_dim_v}, ks.uri
+        assert bool(pointer) == (ks.pad_qk != ks.head_dim_qk or ks.pad_v != ks.head_dim_v), ks.uri
 
 
 def test_varlen_code_only_for_varlen(rendered):

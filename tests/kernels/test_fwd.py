@@ -43,9 +43,9 @@ def config_for(spec, i):
     and the Q tile in registers alternate too (cases cycle through them)."""
     if spec.target == "sm90":
         return [FwdConfig(32, 32, 4, 1, tma=True, lazy_rescale=True, q_regs=True),
-                FwdConfig(32, 32, 4, 1, tma=True, warp_specialize=True),
+                FwdConfig(32, 32, 8, 1, tma=True, warp_specialize=True),
                 FwdConfig(32, 32, 4, 1, tma=True, persistent=1, q_regs=True),
-                FwdConfig(32, 32, 4, 1, tma=True, persistent=2, warp_specialize=True, lazy_rescale=True)][i % 4]
+                FwdConfig(32, 32, 8, 1, tma=True, persistent=2, warp_specialize=True, lazy_rescale=True)][i % 4]
     return dataclasses.replace(TEST_CONFIG, lazy_rescale=i % 2 == 1)
 
 
