@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from attngen.spec import KernelSpec
+from attngen.spec import KernelSpec, head_chunks
 
 
 @dataclass(frozen=True)
@@ -118,8 +118,9 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
     h200_sweep*_2026-11-30.json), and its sm90 compile of the TMA kernel, hd128 64x64 s3, up to
     barriers and alignment (115712 vs 114688; with q_regs 98360 vs 98304;
     benchmarks/compile_probe.py)."""
-    dqk = sum(w for _, w in spec.head_chunks("qk"))
-    dv = sum(w for _, w in spec.head_chunks("v"))
+    policy = "split" if cfg.tma else "pad"  # the pointer kernel holds one padded tile
+    dqk = sum(w for _, w in spec.head_chunks("qk", policy))
+    dv = sum(w for _, w in spec.head_chunks("v", policy))
     q_tile = 0 if (cfg.q_regs and cfg.tma) else cfg.block_m * dqk
     return 2 * (q_tile + cfg.num_stages * cfg.block_n * (dqk + dv))
 
@@ -184,9 +185,13 @@ def pointer_fwd_config(cfg: FwdConfig, spec: KernelSpec) -> FwdConfig:
     a call (a host-bound shape, tensors not 16-byte aligned, offsets past 2^31): the Triton
     kernels' tiles (a warp-specialized config names the ones it falls back to) with every knob of
     the TMA and Gluon kernels off, so that the config passes check_fwd for the pointer kernel."""
-    cfg = triton_fallback(cfg, spec)
-    return dataclasses.replace(cfg, tma=False, warp_specialize=False, q_regs=False, persistent=0,
-                               consumers=0, pair_tiles=False)
+    cfg = dataclasses.replace(triton_fallback(cfg, spec), tma=False, warp_specialize=False, q_regs=False,
+                              persistent=0, consumers=0, pair_tiles=False)
+    # its padded tile can need more shared memory than the TMA kernel's column tiles: fewer stages
+    have = SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
+    while cfg.num_stages > 1 and fwd_smem_bytes(spec, cfg) > have:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
 
 
 def pointer_bwd_config(cfg: "BwdConfig") -> "BwdConfig":
@@ -208,6 +213,11 @@ def require_valid(spec: KernelSpec, cfg, check) -> None:
     if why is not None:
         raise InvalidConfig(f"{spec.uri}: config {cfg} is rejected by the validity filter ({why}); "
                             "it cannot be launched")
+
+
+def split_head_dim(spec: KernelSpec) -> bool:
+    """The TMA kernels hold a head dim of `spec` as two column tiles (80 = 64 + 16, ...)."""
+    return len(spec.head_chunks("qk")) > 1 or len(spec.head_chunks("v")) > 1
 
 
 def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
@@ -235,6 +245,9 @@ def check_fwd(spec: KernelSpec, cfg: FwdConfig) -> str | None:
         return "maxnreg is 0 (the compiler's choice) or a multiple of 8 from 24 to 255"
     if cfg.q_regs and not cfg.tma:
         return "q_regs exists in the sm90 family's TMA kernel only (needs tma)"
+    if cfg.tma and not cfg.consumers and spec.varlen and split_head_dim(spec):
+        return ("tma over packed documents takes head dims of one column tile (the two-tile TMA "
+                "kernel read shared memory out of range on the H200 with Triton 3.6)")
     if cfg.persistent and not cfg.tma:
         return "persistent exists in the sm90 family's TMA kernel only (needs tma)"
     if cfg.persistent < 0:
@@ -536,6 +549,8 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
     (347 with the documents isolated, h200_ab_varlen_guard_2026-12-01.json), and on 8 uneven
     documents 398 vs 339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
     programs were slower (h200_ab_varlen_2026-12-01.json, h200_ab_varlen_fwd_2026-12-01.json)."""
+    if varlen and len(head_chunks(d)) > 1:  # the TMA kernel takes packed documents at one tile only
+        return FwdConfig(128, 64, 8, 3) if d < 128 else FwdConfig(64, 64, 4, 2)
     regs = not varlen
     if d <= 64:
         return FwdConfig(64, 64, 4, 3, tma=True, q_regs=regs)

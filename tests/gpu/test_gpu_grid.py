@@ -333,40 +333,60 @@ def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None
     except AssertionError as exc:
         failure = str(exc)
     if records is not None:
-        records.append({
+        records.append(record := {
             "head_dim": c.hd, "dtype": c.dtype, "sq": c.sq, "sk": c.sk, "mask": c.mask,
             "window": list(c.window_size), "layout": c.layout, "heads": list(HEADS[c.heads]),
             "path": c.path, "knobs": {f: dataclasses.asdict(cfg) for f, cfg in forced.items()},
             "kernels": ran, "passed": failure is None,
             "max_err_ratio": round(max((v for n, v in ratios.items() if n != "lse"), default=float("nan")), 4),
             "lse_max_err": ratios.get("lse"), "error": failure})
+        _write_record(record)
     if failure:
         raise AssertionError(failure)
 
 
-@pytest.fixture(scope="module")
-def grid_records():
-    records: list[dict] = []
-    yield records
+def _write_record(record: dict) -> None:
+    """Append one record to this process's JSONL file under $ATTNGEN_GRID_RESULTS at once (a later
+    case may lose the CUDA context; tests/gpu/conftest.py merges the files)."""
     path = os.environ.get(RESULTS_ENV)
-    if path and records:
+    if path:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{path}.{worker}.jsonl", "a") as f:
-            for r in records:
-                f.write(json.dumps(r) + "\n")
+            f.write(json.dumps(record) + "\n")
+
+
+def run_isolated(c: Case, records: list) -> None:
+    """run_case on the GPU; a CUDA error (an illegal memory access loses the process's CUDA
+    context, so every later case in it would fail too) is recorded as this case's failure and ends
+    the process: pytest-xdist reports the test as failed and starts a fresh worker."""
+    try:
+        run_case(c, records)
+    except torch.AcceleratorError as exc:
+        _write_record({"head_dim": c.hd, "dtype": c.dtype, "sq": c.sq, "sk": c.sk, "mask": c.mask,
+                       "window": list(c.window_size), "layout": c.layout, "heads": list(HEADS[c.heads]),
+                       "path": c.path, "knobs": {}, "kernels": [], "passed": False,
+                       "max_err_ratio": None, "error": f"CUDA error: {str(exc).splitlines()[0]}"})
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            os._exit(3)
+        raise
+
+
+@pytest.fixture(scope="module")
+def grid_records():
+    return []
 
 
 @pytest.mark.parametrize("case", DEFAULT, ids=lambda c: c.id)
 def test_default_dispatch(case, grid_records):
-    run_case(case, grid_records)
+    run_isolated(case, grid_records)
 
 
 @pytest.mark.parametrize("case", FORCED, ids=lambda c: c.id)
 def test_forced_path(case, grid_records):
-    run_case(case, grid_records)
+    run_isolated(case, grid_records)
 
 
 @pytest.mark.gpu_full
 @pytest.mark.parametrize("case", FULL, ids=lambda c: c.id)
 def test_forced_path_full(case, grid_records):
-    run_case(case, grid_records)
+    run_isolated(case, grid_records)
