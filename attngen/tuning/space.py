@@ -560,8 +560,10 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
         return FwdConfig(64, 64, 4, 3, tma=True, q_regs=True) if regs else FwdConfig(128, 64, 8, 3, tma=True)
     if d == 128:
         return FwdConfig(64, 64, 4, 3, tma=True, q_regs=regs)
-    if d <= 192:
+    if d <= 192 and len(head_chunks(d)) > 1:  # 160 = 128 + 32, 192 = 128 + 64, ...
         return FwdConfig(128, 64, 8, 3, tma=True)
+    # hd256, and head dims held as one padded 256-column tile (168, 176): 128 x 64 with three
+    # stages needs 256 KB of shared memory there
     return FwdConfig(64, 64, 4, 3, tma=True, lazy_rescale=True)
 
 

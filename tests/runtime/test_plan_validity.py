@@ -106,3 +106,26 @@ def test_forced_config_is_checked_and_keyed(h200):
     with pytest.raises(ValueError, match="BwdConfig"):
         with dispatch.forced_config(bwd=tma):
             pass
+
+
+@pytest.mark.parametrize("family", ["fwd", "bwd"])
+def test_every_default_and_its_pointer_fallback_pass_the_filter(family):
+    """The default tables, for every head dim 8..256 (dense and packed, with and without
+    softcapping, short and long queries), and the pointer-kernel config each falls back to, pass
+    the validity filter (the choke point caught hd168 / hd176, one padded 256-column tile, whose
+    default needed 256 KB of shared memory)."""
+    from attngen.spec import KernelSpec
+
+    check = space.check_fwd if family == "fwd" else space.check_bwd
+    for d, varlen, softcap, mask in itertools.product(range(8, 257), (False, True), (False, True),
+                                                      ("none", "causal", "sliding_window")):
+        s = KernelSpec(family, "bf16", "sm90", d, d, 1, mask, softcap, varlen)
+        for sq in (128, 4096):
+            if family == "fwd":
+                cfg = space.default_fwd_config(s, "cuda", sq)
+                fallback = space.pointer_fwd_config(cfg, s)
+            else:
+                cfg = space.default_bwd_config(s, "cuda", 1024 if mask == "sliding_window" else None)
+                fallback = space.pointer_bwd_config(cfg)
+            assert check(s, cfg) is None, (s.uri, cfg, check(s, cfg))
+            assert check(s, fallback) is None, (s.uri, fallback, check(s, fallback))
