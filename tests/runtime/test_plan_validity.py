@@ -110,16 +110,17 @@ def test_forced_config_is_checked_and_keyed(h200):
 
 @pytest.mark.parametrize("family", ["fwd", "bwd"])
 def test_every_default_and_its_pointer_fallback_pass_the_filter(family):
-    """The default tables, for every head dim 8..256 (dense and packed, with and without
-    softcapping, short and long queries), and the pointer-kernel config each falls back to, pass
-    the validity filter (the choke point caught hd168 / hd176, one padded 256-column tile, whose
-    default needed 256 KB of shared memory)."""
+    """The default tables of both targets, for every head dim 8..256 (dense and packed, with and
+    without softcapping, short and long queries), and the pointer-kernel config each falls back
+    to, pass the validity filter (the choke point caught sm90's hd168 / hd176, one padded
+    256-column tile, whose default needed 256 KB of shared memory, and sm80's hd192 / hd256
+    default, 192 KB where an sm80 GPU has 163 KB)."""
     from attngen.spec import KernelSpec
 
     check = space.check_fwd if family == "fwd" else space.check_bwd
-    for d, varlen, softcap, mask in itertools.product(range(8, 257), (False, True), (False, True),
-                                                      ("none", "causal", "sliding_window")):
-        s = KernelSpec(family, "bf16", "sm90", d, d, 1, mask, softcap, varlen)
+    for d, varlen, softcap, mask, target in itertools.product(
+            range(8, 257), (False, True), (False, True), ("none", "causal", "sliding_window"), ("sm80", "sm90")):
+        s = KernelSpec(family, "bf16", target, d, d, 1, mask, softcap, varlen)
         for sq in (128, 4096):
             if family == "fwd":
                 cfg = space.default_fwd_config(s, "cuda", sq)
