@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from attngen import spec as _spec
-from attngen.tuning import space
+from attngen import configs as space
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
     template: str  # templates/<template>
-    config: type  # the frozen launch-config dataclass (tuning/space.py)
+    config: type  # the frozen launch-config dataclass (attngen/configs.py)
     check: Callable  # (KernelSpec, config) -> None | reason it cannot launch
     # (KernelSpec, device_kind, seqlen_q class, window: keys a query sees under a sliding window,
     # or None) -> config

@@ -33,7 +33,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import BwdConfig, check_bwd, default_bwd_config, default_fwd_config
+from attngen.configs import BwdConfig, check_bwd, default_bwd_config, default_fwd_config
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fwd_ab import render_variant  # noqa: E402

@@ -39,7 +39,7 @@ from attngen.kernels.fwd import fwd_launches  # noqa: E402
 from attngen.kernels.launch import make_descriptors  # noqa: E402
 from attngen.runtime import loader  # noqa: E402
 from attngen.spec import KernelSpec  # noqa: E402
-from attngen.tuning.space import BwdConfig, FwdConfig  # noqa: E402
+from attngen.configs import BwdConfig, FwdConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fwd_ab import parse_config  # noqa: E402

@@ -22,7 +22,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd_varlen
 from attngen.runtime import api, loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import WS_DEFAULT, FwdConfig
+from attngen.configs import WS_DEFAULT, FwdConfig
 
 
 def bench(fn) -> float:

@@ -42,7 +42,7 @@ from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.runtime import api, loader
 from attngen.runtime.plans import CompiledLaunch
-from attngen.tuning.space import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
+from attngen.configs import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
 
 BF16 = torch.bfloat16
 DEV = "cuda"

@@ -29,7 +29,7 @@ from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import FwdConfig, check_fwd, default_fwd_config
+from attngen.configs import FwdConfig, check_fwd, default_fwd_config
 
 CASES = [  # name, B, Hq, Hkv, S, D, causal, window
     ("full B4 H16 S4096 hd128", 4, 16, 16, 4096, 128, False, None),

@@ -215,7 +215,7 @@ def attention_ws(q, k, v, causal, cfg, out=None, lse=None):
     from attngen.kernels.fwd import attn_fwd
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import FwdConfig
+    from attngen.configs import FwdConfig
 
     _, block_n, _, stages = cfg
     B, H, S, D = q.shape

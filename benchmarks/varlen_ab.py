@@ -28,7 +28,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import WS_BWD_DEFAULT, WS_DEFAULT, BwdConfig, FwdConfig, check_bwd, check_fwd
+from attngen.configs import WS_BWD_DEFAULT, WS_DEFAULT, BwdConfig, FwdConfig, check_bwd, check_fwd
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fwd_ab import parse_config, render_variant  # noqa: E402

@@ -10,6 +10,7 @@ import jinja2
 from attngen import env
 from attngen._version import __version__
 from attngen.codegen.naming import FAMILY_TEMPLATES, sha256
+from attngen.configs import WS_BWD_HEAD_DIMS, WS_HEAD_DIMS, ws_backward, ws_forward  # noqa: F401
 from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
 
 
@@ -169,39 +170,6 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "tile_order": tile_order,
         "dq_reverse": dq_reverse,
     }
-
-
-def ws_forward(spec: KernelSpec) -> bool:
-    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja for dense
-    calls, _mainloop_ws_docs.py.jinja for packed documents; FwdConfig.consumers): sm90 family, no
-    softcapping, the same
-    head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
-    softcapping and the other head dims keep the Triton kernels)."""
-    return _ws_kernel(spec, "fwd", WS_HEAD_DIMS)
-
-
-WS_HEAD_DIMS = (64, 128, 192, 256)
-
-
-def ws_backward(spec: KernelSpec) -> bool:
-    """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
-    BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
-    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
-    accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
-    per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""
-    return _ws_kernel(spec, "bwd", WS_BWD_HEAD_DIMS)
-
-
-# hd192 is two column tiles (128 + 64) in this family; the Gluon backward takes one tile per
-# operand, so it keeps the Triton passes
-WS_BWD_HEAD_DIMS = (64, 128, 256)
-
-
-def _ws_kernel(spec: KernelSpec, family: str, head_dims: tuple) -> bool:
-    """A Gluon kernel of `family` exists for `spec`: sm90, no softcapping, one head dim for Q, K
-    and V among `head_dims`."""
-    return (spec.family == family and spec.target == "sm90" and not spec.softcap
-            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in head_dims)
 
 
 # How the sm90 TMA kernels keep packed documents apart (a tile that runs past its document's end

@@ -2,5 +2,5 @@
 (store.py), schema versions and migrations (schema.py, migrations.py).
 
 Importing this package costs nothing: schema.py is pure Python, and only models.py / store.py
-import SQLAlchemy (the runtime's read side, attngen.tuning.winners, reads with the stdlib sqlite3).
+import SQLAlchemy (the runtime's read side, attngen.db.winners, reads with the stdlib sqlite3).
 """

@@ -1,7 +1,7 @@
 """What every reader and writer of the tuning database agrees on, in pure Python: the schema
 version, the table names, the URL of a location, and the errors (one line each, no traceback).
 
-The runtime's read side (attngen.tuning.winners) imports this module and the stdlib sqlite3 only;
+The runtime's read side (attngen.db.winners) imports this module and the stdlib sqlite3 only;
 models.py defines the same tables with SQLAlchemy.
 """
 
@@ -91,7 +91,7 @@ _BUCKET_RE = re.compile(r"q(\d+)_k(\d+)_bh(\d+)")
 
 def bucket_fields(key: str) -> tuple[int, int, int]:
     """(seqlen_q, seqlen_k, batch_heads) of a bucket key "q4096_k4096_bh64" (the db layer stores
-    and sorts keys without importing the tuning package; attngen.tuning.buckets validates them)."""
+    and sorts keys without importing the tuning package; attngen.buckets validates them)."""
     m = _BUCKET_RE.fullmatch(key)
     if not m:
         raise ValueError(f"shape bucket {key!r}: expected q<Sq>_k<Sk>_bh<B*H>")

@@ -259,7 +259,7 @@ DEVICE_FIELDS = ("device_class", "gpu_name", "capability", "driver", "cuda_versi
 
 
 def find_or_add_device(s: Session, info: dict) -> DeviceModel:
-    """`info`: DEVICE_FIELDS -> str (attngen.tuning.devices.DeviceInfo.as_record())."""
+    """`info`: DEVICE_FIELDS -> str (attngen.devices.DeviceInfo.as_record())."""
     return _find_or_add(s, DeviceModel, {k: str(info[k]) for k in DEVICE_FIELDS}, {})
 
 

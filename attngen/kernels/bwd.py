@@ -11,7 +11,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback, check_bwd,
+from attngen.configs import (WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback, check_bwd,
                                   pointer_bwd_config, require_valid)
 
 

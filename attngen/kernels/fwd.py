@@ -10,7 +10,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (WS_CONSUMER_REGS, FwdConfig, check_fwd, persistent_docs_ok,
+from attngen.configs import (WS_CONSUMER_REGS, FwdConfig, check_fwd, persistent_docs_ok,
                                   pointer_fwd_config, require_valid, triton_fallback, ws_fwd_maxnreg)
 
 

@@ -1,4 +1,6 @@
-"""`attngen.attention` / `attention_varlen`: validate a call once, keep its launch plan, launch.
+"""The runtime's plans: validate a call once, keep its launch plan, launch. The entry points
+(`attngen.attention` / `attention_varlen`, attngen.runtime.public) and the custom ops
+(attngen.runtime.ops) sit above this module; it imports neither.
 
 Three ways in, one implementation:
 * eager, no gradient wanted: a plan cache keyed by shapes, strides, dtypes, device and options; a
@@ -29,8 +31,8 @@ from attngen.runtime import dispatch, loader
 from attngen.kernels.launch import make_descriptors
 from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
 from attngen.spec import MAX_HEAD_DIM, KernelSpec
-from attngen.tuning.buckets import ShapeBucket, bucket_of
-from attngen.tuning.space import pointer_bwd_config, pointer_fwd_config
+from attngen.buckets import ShapeBucket, bucket_of
+from attngen.configs import pointer_bwd_config, pointer_fwd_config
 
 MIN_HEAD_DIM = 8
 
@@ -451,79 +453,6 @@ def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, c
     return plan.run(dout, q, k, v, out, lse, cu_q, cu_k)
 
 
-# --------------------------------------------------------------------------------------------------
-# public API
-
-
-def _wants_grad(q, k, v) -> bool:
-    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-
-
-def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-              layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right"):
-    """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
-
-    q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
-    layout="bshd" (as flash-attn). Head dims 8..256, any value. Returns out in q's layout, and with
-    return_lse also the fp32 logsumexp (B, Hq, Sq) (not differentiable). window_size=(left, right)
-    as flash-attn, -1 = unbounded; causal_alignment "bottom_right" (flash-attn, default) or
-    "top_left" (SDPA) places the diagonal when Sq != Sk. deterministic=True makes the backward
-    bitwise reproducible (dQ in its own pass instead of atomics). CPU tensors run through Triton's
-    interpreter (slow; for tests). Works under torch.compile(fullgraph=True) and CUDA graphs.
-    """
-    compiling = torch.compiler.is_compiling()
-    if not compiling:
-        try:  # the fast path: a warm call is this lookup, two allocations and the launches
-            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
-                   v.dtype, q.device, k.device, v.device, layout, causal, window_size, softcap, scale,
-                   causal_alignment, dispatch.override())
-            plan = _FAST.get(key)
-        except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
-            key = plan = None
-        if plan is not None:
-            if _wants_grad(q, k, v):
-                out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
-            else:
-                out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
-            return (out, lse) if return_lse else out
-    check_dense(q, k, v, layout)
-    opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
-    if compiling:
-        from attngen.runtime import ops
-
-        out, lse = ops.attention_fwd(q, k, v, None, None, 0, 0, opts, bool(deterministic))
-        return (out, lse) if return_lse else out
-    plan = forward_plan(q, k, v, opts)
-    if key is not None:
-        _FAST.put(key, plan)
-    if _wants_grad(q, k, v):
-        out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
-    else:
-        out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
-    return (out, lse) if return_lse else out
-
-
-class _EagerAttention(torch.autograd.Function):
-    """Eager calls that want a gradient: lighter than dispatching the custom op (which
-    torch.compile traces instead); the same plans and the same backward implementation."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, plan: ForwardPlan, deterministic: bool, cu_q=None, cu_k=None,
-                max_q: int = 0, max_k: int = 0):
-        out, lse = plan.run(q, k, v, cu_q, cu_k)
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.opts, ctx.deterministic, ctx.max_qk = plan.opts, deterministic, (max_q, max_k)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        dq, dk, dv = backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.deterministic, cu_q, cu_k,
-                                   *ctx.max_qk)
-        return dq, dk, dv, None, None, None, None, None, None
-
-
 def check_cu_seqlens(name: str, cu: torch.Tensor, host: torch.Tensor, total: int,
                      device: torch.device) -> int:
     """Validate cu_seqlens (`host` is its CPU copy); returns the number of documents."""
@@ -594,27 +523,3 @@ def check_varlen(q, k, v, cu_q, cu_k, max_q, max_k) -> torch.dtype:
             _fail(f"{name}: {mx} is above the kernels' longest document {MAX_SEQLEN} (2^30 - 1024: "
                   f"their mask bounds are int32); split the document")
     return dtype
-
-
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
-                     causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-                     return_lse=False, deterministic=False, causal_alignment="bottom_right"):
-    """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
-    (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
-    other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
-    fp32 logsumexp (Hq, total_q). Differentiable."""
-    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    opts = make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
-    if torch.compiler.is_compiling():
-        from attngen.runtime import ops
-
-        out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                     opts, bool(deterministic))
-    elif _wants_grad(q, k, v):  # eager: the autograd Function, as attention()'s (the custom op
-        # costs more host time than the kernels of a short call take on the GPU)
-        plan = checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic), cu_seqlens_q,
-                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    else:
-        out, lse = forward_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return (out, lse) if return_lse else out

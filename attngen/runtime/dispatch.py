@@ -5,8 +5,8 @@ unless a `forced_target(...)` scope says otherwise; the plan caches key on that 
 (`override()`), so a plan made under one target is never reused under another.
 
 Config order: a `forced_config` scope's config, then the tuning database's winner for (kernel, device class, shape bucket), else its
-nearest tuned bucket (attngen.tuning.winners), else the family's default table
-(attngen.tuning.space). The database is read once per process, lazily.
+nearest tuned bucket (attngen.db.winners), else the family's default table
+(attngen.configs). The database is read once per process, lazily.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 
 from attngen.families import family
 from attngen.spec import TARGETS, KernelSpec
-from attngen.tuning.buckets import ShapeBucket
-from attngen.tuning.devices import CPU_CLASS, class_of_capability
+from attngen.buckets import ShapeBucket
+from attngen.devices import CPU_CLASS, class_of_capability
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -115,7 +115,7 @@ def _capability_target(major: int, minor: int) -> str:
 
 
 def device_class(device: torch.device, interpret: bool) -> str:
-    """The class tuned configs are stored under: h100 / a100 (attngen.tuning.devices), cpu for the
+    """The class tuned configs are stored under: h100 / a100 (attngen.devices), cpu for the
     interpreter, or sm<cc> for a GPU no profile holds (defaults only)."""
     if interpret or device.type != "cuda":
         return CPU_CLASS
@@ -139,7 +139,7 @@ def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: 
             raise ValueError(f"forced_config({spec.family}=...): {forced} cannot launch {spec.uri}: {why}")
         return forced, "forced"
     if dev_class != CPU_CLASS:
-        from attngen.tuning import winners  # stdlib sqlite3 only; read once per process
+        from attngen.db import winners  # stdlib sqlite3 only; read once per process
 
         row = winners.lookup(spec.uri, template_hash, dev_class, bucket)
         if row is not None:

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from attngen.runtime import api, dispatch
+from attngen.runtime import api, dispatch, public
 
 
 def _launched(launches) -> list[dict]:
@@ -82,7 +82,7 @@ def warmup(*, num_q_heads: int, num_kv_heads: int, head_dim: int, seqlens=(1024,
         v = torch.randn(shape_k, dtype=dtype, device=device, requires_grad=backward)
         kw = dict(causal=causal, window_size=window_size, softcap=softcap, layout=layout)
         t0 = time.perf_counter()
-        out = api.attention(q, k, v, **kw)
+        out = public.attention(q, k, v, **kw)
         if backward:
             out.sum().backward()
         if q.is_cuda:
@@ -103,7 +103,7 @@ def _warmup_varlen(hq, hkv, d, seqlens, docs, dtype, device, kw, backward) -> li
         v = torch.randn(t, hkv, d, dtype=dtype, device=device, requires_grad=backward)
         cu = torch.arange(0, t + 1, s, dtype=torch.int32, device=device)
         t0 = time.perf_counter()
-        out = api.attention_varlen(q, k, v, cu, cu, s, s, **kw)
+        out = public.attention_varlen(q, k, v, cu, cu, s, s, **kw)
         if backward:
             out.sum().backward()
         if q.is_cuda:

@@ -11,8 +11,8 @@ import sys
 
 from attngen.db import schema
 from attngen.families import FAMILIES
-from attngen.tuning.buckets import parse_bucket
-from attngen.tuning.devices import PROFILES
+from attngen.buckets import parse_bucket
+from attngen.devices import PROFILES
 
 def add_commands(subparsers) -> None:
     """Add `tune` and `db` to attngen's sub-command parsers (attngen.cli.make_parser)."""
@@ -165,7 +165,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     from attngen.codegen.render import family_template_hash
     from attngen.tuning.tuner import config_text
-    from attngen.tuning.winners import MIN_GAIN
+    from attngen.db.winners import MIN_GAIN
 
     current = {fam: family_template_hash(fam) for fam in {r.family for r in rows} if fam in FAMILIES}
     table = Table(title=f"{len(rows)} winners in {where}", title_justify="left",

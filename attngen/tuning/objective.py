@@ -35,7 +35,7 @@ from attngen.runtime import loader
 from attngen.spec import KernelSpec, SpecEntry
 from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask
 from attngen.tuning import timing
-from attngen.tuning.buckets import ShapeBucket
+from attngen.buckets import ShapeBucket
 
 FWD_FACTOR, BWD_FACTOR, ATOL = 2.0, 3.0, 1e-5
 REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)

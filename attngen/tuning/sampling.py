@@ -29,7 +29,7 @@ import itertools
 
 from attngen.families import family as family_of
 from attngen.spec import KernelSpec
-from attngen.tuning import space
+from attngen import configs as space
 
 
 class ValidSpace:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from attngen.tuning.devices import DeviceInfo
+from attngen.devices import DeviceInfo
 
 WARMUP_MS = 25
 REP_MS = 100

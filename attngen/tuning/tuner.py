@@ -49,10 +49,10 @@ from attngen.db import schema
 from attngen.db import store as dbs
 from attngen.families import FAMILIES, family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
-from attngen.tuning import space
+from attngen import configs as space
 from attngen.tuning.sampling import make_sampler, valid_space
-from attngen.tuning.buckets import ShapeBucket, bucket_of, parse_bucket
-from attngen.tuning.devices import PROFILES, DeviceInfo, check_profile
+from attngen.buckets import ShapeBucket, bucket_of, parse_bucket
+from attngen.devices import PROFILES, DeviceInfo, check_profile
 
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)  # Sq = Sk, powers of two
 DEFAULT_BATCHES = (1, 4)  # batch x heads classes: the entry's query heads times these

@@ -458,7 +458,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.testing import random_inputs
-    from attngen.tuning.space import WS_DEFAULT, triton_fallback
+    from attngen.configs import WS_DEFAULT, triton_fallback
 
     dense = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
     src = render(dense)
@@ -518,7 +518,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     from attngen.kernels.bwd import bwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_BWD_DEFAULT, bwd_triton_fallback
+    from attngen.configs import WS_BWD_DEFAULT, bwd_triton_fallback
 
     dense = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
     src = render(dense)
@@ -554,7 +554,7 @@ def test_backward_with_split_roles_launches_one_program_per_64_keys():
     from attngen.kernels.bwd import bwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_BWD_ROLES, default_bwd_config
+    from attngen.configs import WS_BWD_ROLES, default_bwd_config
 
     spec = KernelSpec("bwd", "bf16", "sm90", 256, 256, 2, "causal")
     assert default_bwd_config(spec, "cuda") == WS_BWD_ROLES
@@ -582,7 +582,7 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.testing import random_inputs
-    from attngen.tuning.space import DOCS_MIN_LEN, EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
+    from attngen.configs import DOCS_MIN_LEN, EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
 
     spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
     assert default_fwd_config(spec, "cuda", 1024) == WS_DOCS

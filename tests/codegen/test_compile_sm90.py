@@ -49,7 +49,7 @@ def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     compiles without spills under its 168-register cap, with the shared memory the model
     predicts (Q for 128 rows, two K / V stages of 128 keys, 64 at hd256)."""
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG, fwd_smem_bytes
+    from attngen.configs import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG, fwd_smem_bytes
 
     cfg = WS_DEFAULT if hd <= 128 else WS_DEFAULT_WIDE
     tiles = f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
@@ -67,7 +67,7 @@ def test_paired_tiles_forward_compiles_as_the_single_tile_one(hd, mask):
     """FwdConfig.pair_tiles: the program's two query tiles run one after the other through the
     same consumer code, with the same shared memory (the Q buffers are reloaded, not doubled) and
     at most a few scalars spilled across the tile boundary."""
-    from attngen.tuning.space import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG
+    from attngen.configs import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG
 
     cfg = WS_DEFAULT if hd <= 128 else WS_DEFAULT_WIDE
     tiles = f"{cfg.block_m},{cfg.block_n},{cfg.num_warps},{cfg.num_stages}"
@@ -84,7 +84,7 @@ def test_one_consumer_forward_compiles_at_its_launch_register_cap(hd, cap):
     """FwdConfig.consumers=1 (one consumer warp group of 64 rows): the launcher's register cap
     (space.ws_fwd_maxnreg) compiles without spills; at hd256 the 128 of hd <= 192 made ptxas stop
     (the accumulator's wgmma needs 158), so the wide case takes the two-consumer cap."""
-    from attngen.tuning import space
+    from attngen import configs as space
 
     (ws,) = probe("fwd", "--hd", str(hd), "--gqa", "2", "--mask", "causal", "--config", "64,64,4,2",
                   "--also", "consumers=1")
@@ -97,7 +97,7 @@ def test_packed_documents_forward_default_compiles_without_spilling():
     stages) with the V fix for the key block past a document's end: no spills, shared memory as
     the model predicts."""
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_DOCS, WS_MAXNREG, fwd_smem_bytes
+    from attngen.configs import WS_DOCS, WS_MAXNREG, fwd_smem_bytes
 
     c = WS_DOCS
     (ws,) = probe("fwd", "--hd", "128", "--gqa", "4", "--mask", "causal", "--varlen", "--config",
@@ -115,7 +115,7 @@ def test_warp_specialized_backward_compiles_without_spilling(hd, mask, gqa):
     cap: the dK/dV consumers hold two fp32 accumulators of 64 keys x hd, so the LSE / delta rows
     go through shared memory (at most a few spilled words); the dQ pass keeps the previous key
     block's dS.K in flight across the wait for the next block's scores (wait_group 2)."""
-    from attngen.tuning.space import WS_BWD_DEFAULT, WS_MAXNREG
+    from attngen.configs import WS_BWD_DEFAULT, WS_MAXNREG
 
     c = WS_BWD_DEFAULT
     tiles = ",".join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages, c.dq_block_m, c.dq_block_n,
@@ -134,7 +134,7 @@ def test_backward_with_split_roles_compiles_without_spilling_at_hd256(mask, gqa)
     x 256 (128 registers a thread) and stays under the 168-register launch cap without spilling;
     its shared memory is the model's (K, V, two Q / dO slots, the fp32 P^T tile) up to barriers."""
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_BWD_ROLES, WS_MAXNREG, bwd_smem_bytes
+    from attngen.configs import WS_BWD_ROLES, WS_MAXNREG, bwd_smem_bytes
 
     c = WS_BWD_ROLES
     tiles = ",".join(map(str, (c.block_m, c.block_n, c.num_warps, c.num_stages, c.dq_block_m, c.dq_block_n,

@@ -16,7 +16,7 @@ from attngen.cli import main as cli
 from attngen.db import migrations, schema
 from attngen.db import store as dbs
 from attngen.db.models import KernelModel, TrialModel, WinnerModel
-from attngen.tuning.space import FwdConfig
+from attngen.configs import FwdConfig
 
 DEVICE = dict(device_class="h100", gpu_name="NVIDIA H200", capability="9.0", driver="570.00",
               cuda_version="12.8", torch_version="2.11.0", triton_version="3.6.0")
@@ -336,8 +336,8 @@ def test_store_on_postgresql(pg_url):
 
 
 def test_runtime_reads_winners_from_postgresql(pg_url, monkeypatch):
-    from attngen.tuning import winners
-    from attngen.tuning.buckets import bucket_of
+    from attngen.db import winners
+    from attngen.buckets import bucket_of
 
     _fill(pg_url, times=(2.0, 1.5))
     monkeypatch.setenv("ATTNGEN_DB", pg_url)

@@ -11,7 +11,8 @@ from attngen.cli import main as cli
 from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
-from attngen.tuning import space, tuner
+from attngen import configs as space
+from attngen.tuning import tuner
 
 FAKES = Path(__file__).resolve().parents[1] / "tuning" / "fakes.py"
 URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"

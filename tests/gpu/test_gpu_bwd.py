@@ -123,7 +123,7 @@ def test_tma_backward_matches_float64_reference(c: Shape, atomic: bool, split: b
     the dQ tiles by TMA reduce-add inside the dK/dV pass, else the TMA dQ pass; split_dkdv: dK and
     dV from two launches; dq_regs: the dQ pass's Q and dO held in registers), forced here whether
     or not the default table or the database picks them, with the same rule."""
-    from attngen.tuning.space import bwd_triton_fallback, check_bwd, default_bwd_config
+    from attngen.configs import bwd_triton_fallback, check_bwd, default_bwd_config
 
     run = _Sm90Run(c, "bwd-tma")
     # the Triton kernels' config (the Gluon passes, the default where they exist, are tested below)
@@ -155,7 +155,7 @@ WS_CASES = [
 def test_ws_backward_matches_float64_reference(c: Shape, dkdv: int, dq: int, gpu_records):
     """The Gluon dK/dV and dQ passes, forced (and checked to be the kernels that ran), with the
     rule above."""
-    from attngen.tuning.space import check_bwd, default_bwd_config
+    from attngen.configs import check_bwd, default_bwd_config
 
     run = _Sm90Run(c, "bwd-ws")
     cfg = dataclasses.replace(default_bwd_config(run.spec), tma=True, atomic_dq=False, split_dkdv=False,
@@ -188,7 +188,7 @@ ROLES_CASES = [
 def test_ws_backward_roles_matches_float64_reference(c: Shape, gpu_records):
     """The Gluon dK/dV pass with split roles, forced (and checked to be the kernel that ran), with
     the rule above; the dQ pass is the default's (Triton's past hd128)."""
-    from attngen.tuning.space import check_bwd, default_bwd_config
+    from attngen.configs import check_bwd, default_bwd_config
 
     run = _Sm90Run(c, "bwd-roles")
     cfg = dataclasses.replace(default_bwd_config(run.spec), tma=True, atomic_dq=False, split_dkdv=False,

@@ -140,7 +140,7 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair, pe
     from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import WS_DEFAULT, check_fwd
+    from attngen.configs import WS_DEFAULT, check_fwd
 
     lens = [1, 17, 113, 1023, 300, 2048, 64, 511]
     if persistent:  # the launcher gives short or uneven documents to the Triton kernel
@@ -184,7 +184,7 @@ def test_varlen_gluon_backward_roles_matches_reference_and_isolates():
     from attngen.kernels.common import MaskArgs, mask_kind
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import check_bwd, default_bwd_config
+    from attngen.configs import check_bwd, default_bwd_config
 
     lens = [1, 17, 113, 1023, 300, 64, 511]
     hq, hkv, d = 4, 2, 256

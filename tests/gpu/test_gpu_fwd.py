@@ -126,7 +126,7 @@ def knob_config(c: Shape, knobs: dict):
 
     from attngen.kernels.common import mask_kind
     from attngen.spec import KernelSpec
-    from attngen.tuning.space import default_fwd_config, triton_fallback
+    from attngen.configs import default_fwd_config, triton_fallback
 
     mask, _, _ = mask_kind(c.causal, c.window)
     spec = KernelSpec("fwd", "bf16" if c.dtype == BF16 else "fp16", "sm90", c.D, c.D, c.Hq // c.Hkv, mask,
@@ -145,7 +145,7 @@ def _valid_knob_cases():
     head dims only (e.g. 128-key rings do not fit hd256's shared memory), so those pairs are not
     generated rather than skipped. The Triton knobs must be valid on every case (asserted in the
     test)."""
-    from attngen.tuning.space import check_fwd
+    from attngen.configs import check_fwd
 
     pairs = []
     for knobs in KNOBS:
@@ -176,7 +176,7 @@ def test_tma_knobs_forward_matches_float64_reference(c: Shape, knobs: dict, gpu_
     from attngen.kernels.fwd import attn_fwd
     from attngen.runtime import loader
     from attngen.runtime.dispatch import native_target
-    from attngen.tuning.space import check_fwd
+    from attngen.configs import check_fwd
 
     if native_target(torch.device("cuda")) != "sm90":
         pytest.skip("the TMA forward is the sm90 family's")

@@ -37,8 +37,8 @@ from attngen.runtime import api, dispatch
 from attngen.spec import KernelSpec
 from attngen.testing import (assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err,
                              random_inputs)
-from attngen.tuning import space
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen import configs as space
+from attngen.configs import BwdConfig, FwdConfig
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime.loader import load_path
 from attngen.testing import attention_ref, check_grads, random_inputs
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen.configs import BwdConfig, FwdConfig
 from tests.kernels import golden
 from tests.kernels.cases import built_kernels, cases_for, make_qkv
 

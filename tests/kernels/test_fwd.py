@@ -13,7 +13,7 @@ from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime.loader import load_path
 from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err
-from attngen.tuning.space import FwdConfig
+from attngen.configs import FwdConfig
 from tests.kernels import golden
 from tests.kernels.cases import built_kernels, cases_for, make_qkv
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from attngen.runtime import dispatch
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen.configs import BwdConfig, FwdConfig
 from tests.gpu import test_gpu_grid as grid
 
 FWD = [FwdConfig(32, 32, 4, 1), FwdConfig(16, 32, 2, 2, lazy_rescale=True), FwdConfig(32, 16, 4, 1)]

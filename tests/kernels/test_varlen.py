@@ -85,7 +85,7 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
     from attngen.kernels.common import MaskArgs, mask_kind
     from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
     from attngen.runtime.loader import load_path
-    from attngen.tuning.space import BwdConfig, FwdConfig
+    from attngen.configs import BwdConfig, FwdConfig
 
     attngen.interp.patch_interpreter()
     hq, d, dtype = hkv * spec.gqa_ratio, spec.head_dim_qk, DTYPES[spec.dtype]
@@ -172,7 +172,7 @@ def run_tma_documents(spec, fpath, bpath, q, k, v, dout, lens):
     from attngen.kernels.common import MaskArgs
     from attngen.kernels.fwd import attn_fwd_varlen
     from attngen.runtime.loader import load_path
-    from attngen.tuning.space import BwdConfig, FwdConfig
+    from attngen.configs import BwdConfig, FwdConfig
 
     attngen.interp.patch_interpreter()
     cu, m = cu_seqlens(lens), max(lens)

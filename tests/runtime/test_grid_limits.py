@@ -30,7 +30,7 @@ from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID
 from attngen.runtime import api, dispatch, loader
 from attngen.spec import KernelSpec
-from attngen.tuning.space import (WS_BWD_DEFAULT, WS_DEFAULT, WS_DOCS, bwd_triton_fallback,
+from attngen.configs import (WS_BWD_DEFAULT, WS_DEFAULT, WS_DOCS, bwd_triton_fallback,
                                   triton_fallback)
 from tests.gpu.test_gpu_edges import EDGES
 

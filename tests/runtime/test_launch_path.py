@@ -18,7 +18,7 @@ from attngen.kernels.launch import MAX_GRID, needs_int64, programs
 from attngen.runtime import api, loader
 from attngen.spec import KernelSpec
 from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
-from attngen.tuning.space import FwdConfig
+from attngen.configs import FwdConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -241,7 +241,7 @@ def test_explain_reports_the_config_a_host_bound_call_runs(monkeypatch):
     """An sm90 warp-specialized config on a host-bound shape runs the Triton pointer kernel with
     that kernel's own tiles: the plan's config and explain() say so, not the table's choice."""
     from attngen.runtime import dispatch
-    from attngen.tuning.space import WS_DEFAULT, triton_fallback
+    from attngen.configs import WS_DEFAULT, triton_fallback
 
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
@@ -429,7 +429,7 @@ def test_window_backward_default_follows_the_call_window():
     the Gluon passes whatever the window), and the runtime passes the call's window through
     Options.window."""
     from attngen.runtime import dispatch
-    from attngen.tuning.buckets import bucket_of
+    from attngen.buckets import bucket_of
 
     spec = KernelSpec("bwd", "fp16", "sm90", 96, 96, 4, "sliding_window")  # not in the shipped DB
     bucket = bucket_of(8192, 8192, 32)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from attngen.runtime import api, dispatch
-from attngen.tuning import space
-from attngen.tuning.space import BwdConfig, FwdConfig, InvalidConfig
+from attngen import configs as space
+from attngen.configs import BwdConfig, FwdConfig, InvalidConfig
 from tests.runtime.test_grid_limits import h200, kernel_cache, meta  # noqa: F401 (fixtures)
 from tests.gpu.test_gpu_grid import CLASSES
 

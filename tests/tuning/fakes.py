@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-from attngen.tuning.devices import DeviceInfo
+from attngen.devices import DeviceInfo
 
 # the fake landscape's best forward config
 BEST_FWD = {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}

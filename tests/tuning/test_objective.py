@@ -12,8 +12,8 @@ import torch
 from attngen.spec import load_spec
 from attngen.testing import keep_mask
 from attngen.tuning import objective as obj
-from attngen.tuning.buckets import parse_bucket
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen.buckets import parse_bucket
+from attngen.configs import BwdConfig, FwdConfig
 from attngen.env import REPO_ROOT
 
 

@@ -8,10 +8,11 @@ import pytest
 
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec, load_spec
-from attngen.tuning import space, tuner
-from attngen.tuning.buckets import parse_bucket
-from attngen.tuning.devices import DeviceInfo, check_profile
-from attngen.tuning.space import FwdConfig
+from attngen import configs as space
+from attngen.tuning import tuner
+from attngen.buckets import parse_bucket
+from attngen.devices import DeviceInfo, check_profile
+from attngen.configs import FwdConfig
 
 SPECS = REPO_ROOT / "specs"
 
@@ -87,7 +88,7 @@ def test_space_drops_values_no_valid_config_takes():
     """The Gluon kernels' knobs are in the sm90 space where those kernels exist (so the tuner
     measures the kernels that serve by default) and dropped where no valid config takes them."""
     from attngen.tuning import tuner
-    from attngen.tuning.space import WS_DEFAULT
+    from attngen.configs import WS_DEFAULT
 
     d128 = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
     d96 = KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal")

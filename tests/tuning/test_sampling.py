@@ -15,8 +15,9 @@ from attngen.db.schema import config_json
 from attngen.families import family as family_of
 from attngen.spec import load_spec
 from attngen.tuning import objective as obj
-from attngen.tuning import space, tuner
-from attngen.tuning.buckets import parse_bucket
+from attngen import configs as space
+from attngen.tuning import tuner
+from attngen.buckets import parse_bucket
 from attngen.tuning.precompile import precompile
 from attngen.tuning.sampling import make_sampler, valid_space
 from attngen.env import REPO_ROOT

@@ -9,8 +9,8 @@ import pytest
 
 from attngen.families import FAMILIES
 from attngen.spec import KernelSpec
-from attngen.tuning import space
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen import configs as space
+from attngen.configs import BwdConfig, FwdConfig
 
 
 def spec(family="fwd", d=128, target="sm90", gqa=4, mask="causal"):

@@ -25,9 +25,10 @@ from attngen.cli import main as cli
 from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
-from attngen.tuning import space, tuner
+from attngen import configs as space
+from attngen.tuning import tuner
 from attngen.tuning.sampling import valid_space
-from attngen.tuning.space import FwdConfig
+from attngen.configs import FwdConfig
 
 from . import fakes
 

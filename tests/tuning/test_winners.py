@@ -1,4 +1,4 @@
-"""The runtime's read side: attngen.tuning.winners.lookup over a database written by the store
+"""The runtime's read side: attngen.db.winners.lookup over a database written by the store
 (exact bucket, nearest bucket, nothing tuned, template changed, config layout changed), read once
 and read-only, without optuna/SQLAlchemy, and a clear error for a database it cannot use."""
 
@@ -17,9 +17,9 @@ import pytest
 
 from attngen.db import schema
 from attngen.db import store as dbs
-from attngen.tuning import winners
-from attngen.tuning.buckets import bucket_of, parse_bucket
-from attngen.tuning.space import BwdConfig, FwdConfig
+from attngen.db import winners
+from attngen.buckets import bucket_of, parse_bucket
+from attngen.configs import BwdConfig, FwdConfig
 
 URI = "attn_fwd_bf16_hd128_gqa4_causal_sm90"
 BURI = "attn_bwd_bf16_hd128_gqa4_causal_sm90"
@@ -251,7 +251,7 @@ def test_runtime_import_is_light(db):
     """The runtime path imports neither optuna nor SQLAlchemy (the GPU machine has neither) and
     reads the default SQLite file with the stdlib."""
     write(db, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(CFG["q1024_k1024_bh32"]))])
-    code = ("import sys; from attngen.tuning import winners; from attngen.tuning.buckets import bucket_of; "
+    code = ("import sys; from attngen.db import winners; from attngen.buckets import bucket_of; "
             f"assert winners.lookup({URI!r}, 'h1', 'h100', bucket_of(1024, 1024, 32)); "
             "bad = [m for m in ('optuna', 'sqlalchemy', 'jinja2') if m in sys.modules]; "
             "assert not bad, bad")
@@ -269,7 +269,7 @@ def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_dat
     from attngen.runtime import api, dispatch, loader
     from attngen.spec import KernelSpec
     from attngen.testing import assert_flash_rule, attention_ref, random_inputs
-    from attngen.tuning.buckets import bucket_of
+    from attngen.buckets import bucket_of
 
     spec = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
     tuned = FwdConfig(32, 32, 4, 1)  # not the default table's choice for any class

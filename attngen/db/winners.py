@@ -23,8 +23,8 @@ from pathlib import Path
 from attngen import env
 from attngen.db import schema
 from attngen.families import family as family_of
-from attngen.tuning import space
-from attngen.tuning.buckets import ShapeBucket, nearest, parse_bucket
+from attngen import configs as space
+from attngen.buckets import ShapeBucket, nearest, parse_bucket
 
 TuningDBError = schema.TuningDBError
 

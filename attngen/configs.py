@@ -125,6 +125,39 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
     return 2 * (q_tile + cfg.num_stages * cfg.block_n * (dqk + dv))
 
 
+def ws_forward(spec: KernelSpec) -> bool:
+    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja for dense
+    calls, _mainloop_ws_docs.py.jinja for packed documents; FwdConfig.consumers): sm90 family, no
+    softcapping, the same
+    head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
+    softcapping and the other head dims keep the Triton kernels)."""
+    return _ws_kernel(spec, "fwd", WS_HEAD_DIMS)
+
+
+WS_HEAD_DIMS = (64, 128, 192, 256)
+
+
+def ws_backward(spec: KernelSpec) -> bool:
+    """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
+    BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
+    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
+    accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
+    per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""
+    return _ws_kernel(spec, "bwd", WS_BWD_HEAD_DIMS)
+
+
+# hd192 is two column tiles (128 + 64) in this family; the Gluon backward takes one tile per
+# operand, so it keeps the Triton passes
+WS_BWD_HEAD_DIMS = (64, 128, 256)
+
+
+def _ws_kernel(spec: KernelSpec, family: str, head_dims: tuple) -> bool:
+    """A Gluon kernel of `family` exists for `spec`: sm90, no softcapping, one head dim for Q, K
+    and V among `head_dims`."""
+    return (spec.family == family and spec.target == "sm90" and not spec.softcap
+            and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in head_dims)
+
+
 WS_MAXNREG = 168  # the warp-specialized forward's register cap: 12 warps (3 warp groups) fit an SM
 WS_CONSUMER_REGS = 232  # what each consumer warp group takes back from the producer's 24
 # one consumer warp group per program (consumers=1): two programs per SM, each launched at 128
@@ -146,8 +179,6 @@ def ws_fwd_maxnreg(spec: KernelSpec, cfg: FwdConfig) -> int:
 
 def check_ws(spec: KernelSpec, cfg: FwdConfig) -> str | None:
     """The warp-specialized Gluon forward's own constraints (cfg.consumers > 0)."""
-    from attngen.codegen.render import WS_HEAD_DIMS, ws_forward
-
     if not ws_forward(spec):
         return ("consumers (the warp-specialized Gluon forward) exists for sm90 calls of head "
                 f"dim {', '.join(map(str, WS_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
@@ -286,8 +317,6 @@ WS_BWD_CONSUMER_REGS = 240
 
 def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     """The warp-specialized Gluon passes' own constraints (cfg.consumers, cfg.dq_consumers > 0)."""
-    from attngen.codegen.render import WS_BWD_HEAD_DIMS, ws_backward
-
     if not ws_backward(spec):
         return ("consumers / dq_consumers (the warp-specialized Gluon backward) exist for sm90 calls "
                 f"of head dim {', '.join(map(str, WS_BWD_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
