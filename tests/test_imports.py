@@ -136,3 +136,32 @@ def test_planning_an_sm90_call_imports_no_jinja2_optuna_or_sqlalchemy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout
+
+
+# The layers, bottom first: a package or top-level module imports only from layers below its own
+# (spec -> codegen -> kernels -> runtime, tuning and bench above them). A new package or module
+# must be placed here.
+LAYERS = [
+    {"attngen.env", "attngen._version", "attngen.buckets", "attngen.devices", "attngen.interp"},
+    {"attngen.spec", "attngen.testing"},
+    {"attngen.configs"},
+    {"attngen.families"},
+    {"attngen.codegen"},
+    {"attngen.kernels"},
+    {"attngen.db"},
+    {"attngen.runtime"},
+    {"attngen.integrations"},
+    {"attngen.tuning", "attngen.bench"},
+    {"attngen.cli"},
+]
+
+
+def test_imports_go_down_the_layers():
+    rank = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    graph = import_graph()
+    unplaced = sorted({package_of(m) for m in graph} - set(rank) - {"attngen"})
+    assert not unplaced, f"place these in LAYERS: {unplaced}"
+    upward = sorted(f"{s} -> {d}" for s, ds in graph.items() for d in ds
+                    if package_of(s) != "attngen" and package_of(s) != package_of(d)
+                    and rank[package_of(s)] <= rank[package_of(d)])
+    assert upward == [], upward
