@@ -117,7 +117,7 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
     sweeps to the byte (hd128 64x128 s4: 278528, 128x128 s4: 294912; hd256 64x128 s2: 294912;
     h200_sweep*_2026-11-30.json), and its sm90 compile of the TMA kernel, hd128 64x64 s3, up to
     barriers and alignment (115712 vs 114688; with q_regs 98360 vs 98304;
-    benchmarks/compile_probe.py)."""
+    attngen/bench/probe.py)."""
     policy = "split" if cfg.tma else "pad"  # the pointer kernel holds one padded tile
     dqk = sum(w for _, w in spec.head_chunks("qk", policy))
     dv = sum(w for _, w in spec.head_chunks("v", policy))
@@ -168,7 +168,7 @@ WS_MAXNREG_ONE = 128
 def ws_fwd_maxnreg(spec: KernelSpec, cfg: FwdConfig) -> int:
     """The Gluon forward's launch register cap when cfg.maxnreg leaves it to the launcher. One
     consumer past head dim 192 takes WS_MAXNREG: ptxas needs 158 registers for its 64 x 256 fp32
-    accumulator's wgmma at launch and fails at 128 (benchmarks/compile_probe.py), and the ring of
+    accumulator's wgmma at launch and fails at 128 (attngen/bench/probe.py), and the ring of
     64-key blocks fills ~164 KB of shared memory, one program per SM whatever the registers."""
     if cfg.maxnreg:
         return cfg.maxnreg
@@ -526,7 +526,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
 
 # The warp-specialized Gluon forward (FwdConfig.consumers) where it exists: 128 query rows over two
 # consumer warp groups, 128-key blocks, a 2-deep K / V ring. H200, bf16, TFLOP/s beside the Triton
-# kernel's default and cuDNN in one run (benchmarks/gluon_fwd.py, h200_gluon_fwd_2026-12-01.json):
+# kernel's default and cuDNN in one run (benchmarks/tools/gluon_fwd.py, h200_gluon_fwd_2026-12-01.json):
 # full 593 vs 538 (cuDNN 663), causal S4096 529 vs 445 (516), causal S16384 617 vs 512 (545), GQA
 # 32/8 S8192 571 vs 475 (550), causal hd64 400 vs 387 (434); 64-key blocks with 3-4 stages 478-555.
 WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)
@@ -601,7 +601,7 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
 # The warp-specialized Gluon backward where it exists (dense hd64 / hd128 without softcapping): the
 # dK/dV pass with 128 keys per program over two consumer warp groups, 64-query ring slots; the dQ
 # pass with 128 query rows over two consumers, 64-key blocks, 3 stages. H200, bf16, backward-only
-# TFLOP/s beside the Triton kernels' defaults in one run (benchmarks/bwd_ab.py,
+# TFLOP/s beside the Triton kernels' defaults in one run (benchmarks/tools/bwd_ab.py,
 # h200_ab_ws_bwd2_2026-12-01.json): causal B4 H16 S4096 357 -> 385 (dK/dV only) -> 392 (both),
 # full 412 -> 463 -> 473, GQA 32/8 causal S8192 362 -> 395 -> 431, window 1024 GQA 263 -> 341 ->
 # 386; hd64 causal 328 -> 368 with the Gluon dK/dV pass, 353 with both (its dQ pass stays Triton's)

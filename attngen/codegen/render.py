@@ -123,7 +123,7 @@ def column_tiles(spec: KernelSpec, which: str, policy: str = "split") -> list[di
 def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,
                      options: dict | None = None) -> dict:
     """Everything the templates read. options: codegen choices for A/B runs
-    (benchmarks/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
+    (benchmarks/tools/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
     "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off", "tile_order": "grouped" |
     "lpt", "dq_reverse": "off" | "on"}; the build always uses
     the defaults."""

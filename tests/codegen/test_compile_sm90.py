@@ -1,4 +1,4 @@
-"""The sm90 kernels compiled for the GPU on a CPU machine (benchmarks/compile_probe.py: Triton's own
+"""The sm90 kernels compiled for the GPU on a CPU machine (attngen.bench.probe: Triton's own
 ptxas, no GPU): what a register knob is for is visible in the compiled code, so a template or
 Triton change that silently undoes it fails here, not only as a slower benchmark."""
 
@@ -13,13 +13,13 @@ import pytest
 
 from attngen.env import REPO_ROOT
 
-PROBE = REPO_ROOT / "benchmarks" / "compile_probe.py"
 
 
 def probe(*args: str) -> list[dict]:
+    """attngen.bench.probe in a process of its own (Triton's interpreter off there)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
-    res = subprocess.run([sys.executable, str(PROBE), *args, "--json"], capture_output=True, text=True,
-                         env=env, cwd=REPO_ROOT, timeout=600)
+    res = subprocess.run([sys.executable, "-m", "attngen.bench.probe", *args, "--json"], capture_output=True,
+                         text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 

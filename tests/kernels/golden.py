@@ -11,7 +11,7 @@ a sampled value moves by more than
 
     FRACTION[dtype] * err  +  1 ulp of the value (8 ulps for the fp32 LSE)
 
-FRACTION sits between the two things it separates. benchmarks/golden_noise.py measured the noise
+FRACTION sits between the two things it separates. benchmarks/tools/golden_noise.py measured the noise
 on 22 of the 44 golden-checked kernels
 (benchmarks/results/cpu_golden_noise_avx512_{on,off}_2026-12-02.json): numpy's AVX-512 paths on
 vs off moved fp16/bf16 samples beyond one ulp of the value by at most 0.048 x err (FRACTION 0.5;
@@ -23,7 +23,7 @@ fail (tests/kernels/test_golden.py perturbs real generated kernels and checks th
 
 Regenerate deliberately with ATTNGEN_UPDATE_GOLDEN=1 (and review the diff).
 ATTNGEN_GOLDEN_DUMP=<file> appends every checked sample to <file> as JSON lines (family, uri,
-case, tensor, value, err), which benchmarks/golden_noise.py compares.
+case, tensor, value, err), which benchmarks/tools/golden_noise.py compares.
 """
 
 from __future__ import annotations

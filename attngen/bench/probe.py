@@ -1,0 +1,210 @@
+"""Compile sm90 kernels on any machine (no GPU: Triton's own ptxas) and report what the compiler
+made of them: registers, spilled bytes, shared memory, and how each wgmma takes its A operand
+(shared memory or registers). A kernel change can be looked at before it costs device time.
+
+    TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd --hd 128 --mask causal --config 64,64,4,3
+    TRITON_INTERPRET=0 python3 -m attngen.bench.probe bwd --hd 256 --mask causal \
+        --config 32,64,4,2,64,64,4,2 --also split_dkdv=True
+    ... --switch name=value   (a codegen option, attngen.codegen.render.template_context)
+    ... --dump DIR            (ttgir, ptx and sass of every launch)
+
+The launches are the launcher's own (attngen.kernels.fwd / bwd on small CPU tensors), so the
+probe compiles exactly the specialization the runtime would run, with tensor descriptors where
+the config asks for TMA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "0")
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from attngen.codegen.render import render  # noqa: E402
+from attngen.kernels.bwd import bwd_launches  # noqa: E402
+from attngen.kernels.common import MaskArgs, mask_kind  # noqa: E402
+from attngen.kernels.fwd import fwd_launches  # noqa: E402
+from attngen.kernels.launch import make_descriptors  # noqa: E402
+from attngen.runtime import loader  # noqa: E402
+from attngen.spec import KernelSpec  # noqa: E402
+from attngen.configs import BwdConfig, FwdConfig  # noqa: E402
+
+
+def parse_config(text: str, cls: type = FwdConfig):
+    """--config M,N,W,S[,...][,field=value...]: the config class's leading int fields (tiles, warps,
+    stages; a BwdConfig also its dQ pass's), TMA on, then other fields by name."""
+    parts = text.split(",")
+    nums = [int(p) for p in parts if "=" not in p]
+    cfg = cls(*nums, tma=True)
+    for item in (p for p in parts if "=" in p):
+        name, val = item.split("=", 1)
+        value = {"True": True, "False": False}[val] if val in ("True", "False") else int(val)
+        cfg = dataclasses.replace(cfg, **{name: value})
+    return cfg
+
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
+          torch.int64: "i64"}
+
+
+def signature(launch) -> tuple[dict, dict]:
+    """(signature, constexprs) of a Launch's kernel for ASTSource, from its bound values."""
+    fn = launch.fn
+    values = dict(launch.values)
+    if launch.descriptors:
+        values.update(make_descriptors(launch.descriptors, values))
+    sig, const = {}, {}
+    for param, name in zip(fn.params, fn.arg_names):
+        val = values[name]
+        if param.is_constexpr or val is None:
+            sig[name] = "constexpr"
+            const[name] = val
+        elif isinstance(val, torch.Tensor):
+            sig[name] = "*" + DTYPES[val.dtype]
+        elif type(val).__name__ == "TensorDescriptor":
+            block = ",".join(str(b) for b in val.block_shape)
+            layout = f",{val.layout!r}" if getattr(val, "layout", None) is not None else ""  # Gluon's
+            sig[name] = f"tensordesc<{DTYPES[val.base.dtype]}[{block}]{layout}>"
+        elif isinstance(val, bool):
+            sig[name] = "i1"
+        elif isinstance(val, int):
+            sig[name] = "i32" if -(1 << 31) <= val < (1 << 31) else "i64"
+        elif isinstance(val, float):
+            sig[name] = "fp32"
+        else:
+            raise TypeError(f"{fn.__name__}.{name}: cannot type {type(val).__name__}")
+    return sig, const
+
+
+def ptxas_report(ptx: str, tmp: Path) -> dict:
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    src = tmp / "k.ptx"
+    src.write_text(ptx)
+    res = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(src), "-o", str(tmp / "k.o")],
+                         capture_output=True, text=True)
+    text = res.stdout + res.stderr
+    out = {}
+    m = re.search(r"Used (\d+) registers", text)
+    out["registers"] = int(m.group(1)) if m else None
+    m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    out["spill_stores"], out["spill_loads"] = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    return out
+
+
+def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
+    sig, const = signature(launch)
+    if getattr(launch.fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(launch.fn, sig, const)
+    else:
+        src = ASTSource(launch.fn, sig, const)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options)
+    ptx = ck.asm["ptx"]
+    rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
+           "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
+    wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
+    rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
+    # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
+    # inside a warp group)
+    rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (dump / f"{tag}.{ext}").write_text(ck.asm[ext])
+        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        cubin = tmp / "k.cubin"
+        cubin.write_bytes(ck.asm["cubin"])
+        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+        (dump / f"{tag}.sass").write_text(sass)
+    return rep
+
+
+def module_for(spec: KernelSpec, switch: dict, tmp: Path):
+    if not switch:
+        return loader.load(spec)
+    path = tmp / f"{spec.uri}__probe.py"
+    path.write_text(render(spec, options=switch))
+    return loader.load_path(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("family", choices=("fwd", "bwd"))
+    ap.add_argument("--hd", type=int, default=128)
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
+    ap.add_argument("--gqa", type=int, default=1)
+    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd only: two of 1024 tokens)")
+    ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
+    ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
+    ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
+    ap.add_argument("--dump", default=None)
+    ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
+    args = ap.parse_args(argv)
+
+    cls = FwdConfig if args.family == "fwd" else BwdConfig
+    cfg = parse_config(",".join([args.config, *args.also]), cls)
+    switch = dict(s.split("=", 1) for s in args.switch)
+    spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask, varlen=args.varlen)
+    tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))
+    mod = module_for(spec, switch, tmp)
+
+    dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    B, Hkv, S, D = 1, 2, 2048 if args.varlen else 512, args.hd  # packed: two documents of 1024 tokens
+    Hq = Hkv * args.gqa
+    q = torch.empty(B, Hq, S, D, dtype=dt)
+    k, v = torch.empty(B, Hkv, S, D, dtype=dt), torch.empty(B, Hkv, S, D, dtype=dt)
+    out, lse = torch.empty_like(q), torch.empty(B, Hq, S)
+    causal = args.mask != "none"
+    wsz = (255, 0) if args.mask == "sliding_window" else (-1, -1)
+    _, wl, wr = mask_kind(causal, wsz)
+    margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
+                     align_top_left=False)
+    if args.family == "fwd" and args.varlen:
+        packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
+        cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
+        launches = fwd_launches(mod, spec, *packed, torch.empty(Hq, S), margs, cfg, cu, cu, S // 2, gluon=True)
+    elif args.family == "fwd":
+        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True)
+    else:
+        launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
+                                torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
+                                bool(cfg.atomic_dq), gluon=True)[1:]
+    if not args.json:
+        print(f"{spec.uri}  {cfg}  {switch or ''}")
+    reports = []
+    for i, launch in enumerate(launches):
+        try:
+            rep = probe(launch, tmp, Path(args.dump) if args.dump else None, f"{i}_{launch.fn.__name__}")
+        except Exception as exc:  # noqa: BLE001 -- a probe reports, it does not stop
+            rep = {"kernel": launch.fn.__name__, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
+        reports.append(rep)
+        if args.json:
+            continue
+        if "error" in rep:
+            print(f"  {rep['kernel']}: {rep['error']}")
+            continue
+        print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
+              f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
+              f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
+    if args.json:
+        print(json.dumps(reports))
+    return 1 if any("error" in r for r in reports) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
