@@ -4,7 +4,9 @@
 #   benchmarks/run_gpu.sh [fwd|fwdbwd|both] [more `attngen bench` arguments, e.g. --quick]
 #
 # Writes into $OUT (default: benchmarks/results/tmp): gpu_summary.json, gpu_tests.log, env.txt,
+# gpu_correctness_grid.json and gpu_grid.log (the correctness grid; GRID=0 skips it),
 # bench_<mode>.json and bench_<mode>.log per mode. TESTS=0 skips the tests, BENCH=0 the benchmark;
+# SANITIZE=1 adds compute-sanitizer's memcheck over a sample of the grid;
 # OVERHEAD=1 adds the launch-overhead benchmark (launch_overhead.json), EDGES=1 the edge-shape one
 # (edges.json).
 # No install step: the repository is put on PYTHONPATH. Exit status: nonzero if the tests or a
@@ -39,10 +41,36 @@ if [ "${TESTS:-1}" != 0 ]; then
   start=$SECONDS
   set +e
   ATTNGEN_GPU_SUMMARY="$OUT/gpu_summary.json" python3 -m pytest -q -m gpu -p no:cacheprovider \
-    tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
+    --ignore tests/gpu/test_gpu_grid.py tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
   set -e
   echo "GPU tests: exit $rc in $((SECONDS - start)) s"
+  [ "$rc" -eq 0 ] || status=1
+fi
+
+# the correctness grid (tests/gpu/test_gpu_grid.py), spread over GRID_WORKERS processes; its
+# records go to gpu_correctness_grid.json. SANITIZE=1 then runs compute-sanitizer's memcheck over
+# the forced paths at SANITIZE_K's head dims (each tensor its own allocation, so a read past one
+# is caught)
+if [ "${GRID:-1}" != 0 ]; then
+  start=$SECONDS
+  set +e
+  ATTNGEN_GRID_RESULTS="$OUT/gpu_correctness_grid.json" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    -n "${GRID_WORKERS:-14}" tests/gpu/test_gpu_grid.py 2>&1 | tee "$OUT/gpu_grid.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  echo "GPU grid: exit $rc in $((SECONDS - start)) s"
+  [ "$rc" -eq 0 ] || status=1
+fi
+if [ "${SANITIZE:-0}" != 0 ]; then
+  start=$SECONDS
+  set +e
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 20 --target-processes all \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_grid.py \
+    -k "${SANITIZE_K:-test_forced_path and (hd72- or hd64- or hd203-)}" 2>&1 | tee "$OUT/gpu_correctness_grid_sanitizer.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  echo "sanitizer: exit $rc in $((SECONDS - start)) s"
   [ "$rc" -eq 0 ] || status=1
 fi
 

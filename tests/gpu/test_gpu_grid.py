@@ -21,6 +21,7 @@ H200; `-m gpu_full` adds FULL, the whole product of head dims and paths.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -70,6 +71,10 @@ class Path:
     configs: tuple
     kernels: tuple[str, ...]
     packed: bool | None = None  # only packed documents (True) / only dense calls (False)
+    # the kernel family the path runs: "sm80" forces it on the H200 (dispatch.forced_target), as
+    # `attngen bench`'s attngen-sm80 provider does; a path with no configs runs that target's own
+    # tuned or default configs
+    target: str = "sm90"
 
 
 FWD_PATHS = [
@@ -114,7 +119,14 @@ BWD_PATHS = [
     Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws",)),
 ]
-PATHS = FWD_PATHS + BWD_PATHS
+SM80_PATHS = [
+    Path("sm80:default", "fwd", (), ("_attn_fwd", "_attn_bwd_dkdv"), target="sm80"),
+    Path("sm80:fwd-pointer-lazy", "fwd", (FwdConfig(128, 64, 8, 2, lazy_rescale=True),
+                                          FwdConfig(64, 32, 4, 2, lazy_rescale=True)), ("_attn_fwd",), target="sm80"),
+    Path("sm80:bwd-atomic", "bwd", (BwdConfig(64, 32, 4, 1, 64, 32, 4, 1, atomic_dq=True),), ("_attn_bwd_dkdv",),
+         target="sm80"),
+]
+PATHS = FWD_PATHS + BWD_PATHS + SM80_PATHS
 
 
 @dataclass(frozen=True)
@@ -153,17 +165,23 @@ def _mask_kind(c: Case) -> str:
     return "sliding_window" if c.mask == "window" else ("causal" if c.causal else "none")
 
 
-def kernel_spec(c: Case, family: str) -> KernelSpec:
+def kernel_spec(c: Case, family: str, target: str = "sm90") -> KernelSpec:
     hq, hkv = HEADS[c.heads]
-    return KernelSpec(family, c.dtype, "sm90", c.hd, c.hd, hq // hkv, _mask_kind(c), c.softcap > 0,
+    return KernelSpec(family, c.dtype, target, c.hd, c.hd, hq // hkv, _mask_kind(c), c.softcap > 0,
                       c.layout == "packed")
 
 
+TARGET_ONLY = "target only"  # pick() of a path that forces its target, not a config
+
+
 def pick(path: Path, c: Case):
-    """The first of the path's configs the validity filter takes for the case's kernel, or None."""
+    """The first of the path's configs the validity filter takes for the case's kernel
+    (TARGET_ONLY for a path without configs), or None."""
     if path.packed is not None and path.packed != (c.layout == "packed"):
         return None
-    spec = kernel_spec(c, path.family)
+    if not path.configs:
+        return TARGET_ONLY
+    spec = kernel_spec(c, path.family, path.target)
     check = space.check_fwd if path.family == "fwd" else space.check_bwd
     return next((cfg for cfg in path.configs if check(spec, cfg) is None), None)
 
@@ -286,13 +304,20 @@ def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None
                             mults=(4.0 if c.softcap else 1.0, 1.0, 1.0), requires_grad=True)
     g = torch.Generator(device=device).manual_seed(c.seed + 1)
     kw = dict(causal=c.causal, window_size=c.window_size, softcap=c.softcap)
-    forced = {}
+    forced, target = {}, None
     if c.path != "default":
         path = PATHS_BY_NAME[c.path]
-        forced[path.family] = pick(path, c)
+        cfg = pick(path, c)
+        if cfg is not TARGET_ONLY:
+            forced[path.family] = cfg
+        if path.target != "sm90":
+            target = path.target
     api.clear_plans()
     _poison(4 * q.numel() * 8, device)
-    with dispatch.forced_config(**forced):
+    with contextlib.ExitStack() as scopes:
+        if target:
+            scopes.enter_context(dispatch.forced_target(target))
+        scopes.enter_context(dispatch.forced_config(**forced))
         if packed:
             cu_q = torch.tensor([0, *itertools.accumulate(lq)], dtype=torch.int32, device=device)
             cu_k = torch.tensor([0, *itertools.accumulate(lk)], dtype=torch.int32, device=device)
@@ -339,7 +364,8 @@ def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None
         records.append(record := {
             "head_dim": c.hd, "dtype": c.dtype, "sq": c.sq, "sk": c.sk, "mask": c.mask,
             "window": list(c.window_size), "layout": c.layout, "heads": list(HEADS[c.heads]),
-            "path": c.path, "knobs": {f: dataclasses.asdict(cfg) for f, cfg in forced.items()},
+            "path": c.path, "target": target or "sm90",
+            "knobs": {f: dataclasses.asdict(cfg) for f, cfg in forced.items()},
             "kernels": ran, "passed": failure is None,
             "max_err_ratio": round(max((v for n, v in ratios.items() if n != "lse"), default=float("nan")), 4),
             "lse_max_err": ratios.get("lse"), "error": failure})
