@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from attngen.configs import pointer_bwd_config
 from attngen.runtime import api, dispatch, public
 
 
@@ -45,9 +46,13 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     bwd_mod = loader.load(bwd_spec)
     bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.TEMPLATE_HASH, plan.device_class,
                                                  plan.bucket, opts.window)
+    if bwd_cfg.tma and api.host_bound(plan.bucket) and bwd_source != "forced":  # as BackwardPlan does
+        bwd_cfg = pointer_bwd_config(bwd_cfg)
+        bwd_source += " (pointer kernels: a host-bound shape)"
     launched = _launched(plan.launches_spec)
     why = ("the tuning database's winner for this kernel, device class and bucket (or its nearest "
            "tuned bucket)" if plan.config_source.startswith("tuned") else
+           "a dispatch.forced_config scope" if plan.config_source == "forced" else
            "the family's default table (nothing tuned for this kernel and device class)")
     return {
         "kernel": plan.spec.uri, "file": str(plan.module.__file__), "device_class": plan.device_class,

@@ -130,3 +130,16 @@ def test_every_default_and_its_pointer_fallback_pass_the_filter(family):
                 fallback = space.pointer_bwd_config(cfg)
             assert check(s, cfg) is None, (s.uri, cfg, check(s, cfg))
             assert check(s, fallback) is None, (s.uri, fallback, check(s, fallback))
+
+
+def test_explain_names_the_configs_that_run(h200):
+    """explain() of the issue's host-bound hd40 call on an H200: the pointer kernels' configs,
+    forward and backward, with no TMA or Gluon knob left on."""
+    import attngen
+
+    q, k = meta(2, 6, 113, 40), meta(2, 6, 203, 40)
+    info = attngen.explain(q, k, k, causal=True)
+    assert info["launches"][0]["entry"] == "_attn_fwd" and not info["config"]["q_regs"], info
+    bwd = info["backward"]
+    assert "host-bound" in bwd["config_source"], bwd
+    assert not (bwd["config"]["tma"] or bwd["config"]["split_dkdv"] or bwd["config"]["dq_regs"]), bwd
