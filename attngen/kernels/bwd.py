@@ -12,7 +12,7 @@ from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_stri
                                    strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback, check_bwd,
-                                  pointer_bwd_config, require_valid)
+                             pointer_bwd_config, require_valid)
 
 
 def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, delta, dq, dk, dv,
@@ -22,7 +22,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     accumulator the dK/dV kernel adds into, zeroed by the caller). Shapes as fwd_launches; delta
     has lse's shape and strides. gluon: whether the Gluon dK/dV pass may serve (None: on a GPU
     only, as in fwd_launches). Every config a launch runs -- `cfg`, or the Triton / pointer passes'
-    fallback -- passes check_bwd (space.require_valid)."""
+    fallback -- passes check_bwd (configs.require_valid)."""
     require_valid(spec, cfg, check_bwd)
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)

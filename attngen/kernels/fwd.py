@@ -11,7 +11,7 @@ from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_stri
                                    sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_CONSUMER_REGS, FwdConfig, check_fwd, persistent_docs_ok,
-                                  pointer_fwd_config, require_valid, triton_fallback, ws_fwd_maxnreg)
+                             pointer_fwd_config, require_valid, triton_fallback, ws_fwd_maxnreg)
 
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
@@ -22,7 +22,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq). gluon: whether a Gluon kernel may serve
     (None: on a GPU only; Triton's interpreter does not run Gluon; the compile probe says True).
     Every config a launch runs -- `cfg`, or the fallback the Triton or pointer kernel takes when the
-    Gluon or TMA kernel cannot serve the call -- passes check_fwd (space.require_valid)."""
+    Gluon or TMA kernel cannot serve the call -- passes check_fwd (configs.require_valid)."""
     require_valid(spec, cfg, check_fwd)
     packed = cu_seqlens_q is not None
     if packed:

@@ -1,1 +1,1 @@
-"""Tuning: config spaces (space.py, no optional deps); the Optuna tuner arrives with its issue."""
+"""Tuning: the Optuna tuner, its objective, sampling and timing; the config spaces it searches are attngen/configs.py."""

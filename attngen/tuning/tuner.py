@@ -225,7 +225,7 @@ def _parse_value(name: str, value, type_) -> object:
 
 
 def space_for(spec: KernelSpec, fixed: dict | None = None) -> dict[str, tuple]:
-    """The search space of a kernel: its family's config fields -> candidates (space.py), with
+    """The search space of a kernel: its family's config fields -> candidates (attngen/configs.py), with
     the --fix fields pinned, and without the candidate values no valid config of this kernel
     takes (e.g. the Gluon kernels' knobs at a head dim they do not exist for), so the sampler
     never proposes them."""

@@ -3,7 +3,7 @@ tensors, an H200 stand-in: tests/runtime/test_grid_limits.py's fixture): every (
 the plans produce -- host-bound shapes downgraded to the pointer kernels, long dense calls on the
 TMA / Gluon kernels, packed documents even and uneven, calls whose tensors the copy engine cannot
 address -- over every head-dim class, mask and softcap. The launchers refuse a config the filter
-rejects (space.require_valid), so the padded-head-dim bug (a host-bound plan kept q_regs on the
+rejects (configs.require_valid), so the padded-head-dim bug (a host-bound plan kept q_regs on the
 pointer kernel) cannot come back unnoticed."""
 
 from __future__ import annotations
