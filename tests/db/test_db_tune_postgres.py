@@ -12,6 +12,7 @@ from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
 from attngen import configs as space
+from attngen.families import fwd as fwd_family
 from attngen.tuning import tuner
 
 FAKES = Path(__file__).resolve().parents[1] / "tuning" / "fakes.py"
@@ -19,9 +20,10 @@ URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
 
 
 def test_tune_into_postgresql(pg_url, monkeypatch, capsys):
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"),
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90",
                         {"block_m": (64, 128), "block_n": (64,), "num_warps": (4, 8), "num_stages": (2, 3)})
-    monkeypatch.setitem(space.SPACES, "fwd", {})  # all other fields at their dataclass defaults
+    for name in list(fwd_family.SPACE):  # all other fields at their dataclass defaults
+        monkeypatch.delitem(fwd_family.SPACE, name)
     argv = ["tune", "--device", "h100", "--spec", str(REPO_ROOT / "specs" / "llama.yaml"),
             "--kernels", URI, "--shapes", "q16_k16_bh4", "--trials", "4", "--storage", pg_url,
             "--timer", f"{FAKES}:timer", "--probe", f"{FAKES}:h200", "--quiet"]

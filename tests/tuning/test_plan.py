@@ -9,6 +9,7 @@ import pytest
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec, load_spec
 from attngen import configs as space
+from attngen.families import fwd as fwd_family
 from attngen.tuning import tuner
 from attngen.buckets import parse_bucket
 from attngen.devices import DeviceInfo, check_profile
@@ -45,7 +46,7 @@ def test_study_name_follows_template_and_space(monkeypatch):
                                         shapes=[parse_bucket("q4096_k4096_bh64")]))
     uri, h, cls, bucket, sp = t.study_name.split(".")
     assert (uri, h, cls, bucket) == (t.spec.uri, t.template_hash, "h100", "q4096_k4096_bh64")
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"num_warps": (4,)})
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", {"num_warps": (4,)})
     assert t.study_name.split(".")[4] != sp
 
 

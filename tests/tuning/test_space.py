@@ -10,6 +10,7 @@ import pytest
 from attngen.families import FAMILIES
 from attngen.spec import KernelSpec
 from attngen import configs as space
+from attngen.families import fwd as fwd_family
 from attngen.configs import BwdConfig, FwdConfig
 
 
@@ -131,9 +132,9 @@ def test_a_new_field_plugs_in(monkeypatch):
     class Fwd2(FwdConfig):
         knob: bool = False
 
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {})
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", {})
     assert space.search_space(Fwd2, "fwd", "sm90")["knob"] == (False,)
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {"knob": (False, True)})
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", {"knob": (False, True)})
     assert space.search_space(Fwd2, "fwd", "sm90")["knob"] == (False, True)
     assert space.search_space(Fwd2, "fwd", "sm80")["knob"] == (False,)
     base = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -145,7 +146,7 @@ def test_a_new_field_plugs_in(monkeypatch):
     class Fwd4(FwdConfig):
         stages2: int = dataclasses.field(kw_only=True)
 
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), {})
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", {})
     with pytest.raises(ValueError, match="stages2: no candidate values"):
         space.search_space(Fwd4, "fwd", "sm90")
 

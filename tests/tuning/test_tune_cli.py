@@ -26,6 +26,7 @@ from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
 from attngen import configs as space
+from attngen.families import fwd as fwd_family
 from attngen.tuning import tuner
 from attngen.tuning.sampling import valid_space
 from attngen.configs import FwdConfig
@@ -34,7 +35,7 @@ from . import fakes
 
 FAKES = Path(fakes.__file__)
 # a kernel the Triton forward serves (hd128's default is the warp-specialized Gluon kernel, which
-# the interpreter cannot run and the search space leaves out: space.TARGET_SPACES)
+# the interpreter cannot run and the search space leaves out: attngen.families.fwd.TARGET_SPACES)
 URI = "attn_fwd_fp16_hd96_gqa1_causal_sm90"
 SPEC = KernelSpec("fwd", "fp16", "sm90", 96, 96, 1, "causal")
 BUCKET = "q16_k16_bh4"
@@ -58,7 +59,7 @@ def tune_argv(storage, *extra, trials=6):
 @pytest.fixture
 def small_space(monkeypatch):
     """ALL configs: some invalid (the filter), some that 'run out of resources' in the fake timer."""
-    monkeypatch.setitem(space.TARGET_SPACES, ("fwd", "sm90"), SMALL)
+    monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", SMALL)
 
 
 def rows(path, sql):
@@ -113,7 +114,7 @@ def grid_db(tmp_path_factory):
     """One exhaustive run over SMALL, shared by the tests that read it."""
     db = tmp_path_factory.mktemp("grid") / "grid.sqlite"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(space.TARGET_SPACES, ("fwd", "sm90"), SMALL)
+        mp.setitem(fwd_family.TARGET_SPACES, "sm90", SMALL)
         assert cli(tune_argv(db, "--sampler", "grid", "--quiet", trials=100)) == 0
     return db
 

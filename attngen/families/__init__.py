@@ -1,0 +1,21 @@
+"""Kernel families: each is one module of this package (its launch-config dataclass, validity
+filter, search space, default tables, the optional kernels a spec's module gets, and a Family
+record naming its template, launcher and tuning hooks) plus its templates. Codegen, the runtime,
+the tuner and the database look a family up here; docs/adding-a-family.md says how to add one.
+Pure Python: no torch, triton or jinja2 (launchers and hooks are imported on first use)."""
+
+from __future__ import annotations
+
+from attngen import spec as _spec
+from attngen.families import bwd, fwd
+from attngen.families.base import Family
+
+FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd)}
+assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"
+
+
+def family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown kernel family {name!r} (known: {', '.join(FAMILIES)})") from None
