@@ -119,8 +119,8 @@ def test_planning_an_sm90_call_imports_no_jinja2_optuna_or_sqlalchemy():
         import sys
         import torch
         import attngen
-        from attngen.runtime import api, dispatch
-        api.check_device = lambda device, interpret: None
+        from attngen.runtime import api, dispatch, plan
+        plan.check_device = lambda device, interpret: None
         dispatch.device_target = lambda device: "sm90"
         dispatch.device_class = lambda device, interpret: "h100"
         for s in (1024, 4096, 128):
@@ -144,8 +144,8 @@ def test_planning_an_sm90_call_imports_no_jinja2_optuna_or_sqlalchemy():
 LAYERS = [
     {"attngen.env", "attngen._version", "attngen.buckets", "attngen.devices", "attngen.interp"},
     {"attngen.spec", "attngen.testing"},
-    {"attngen.configs"},
     {"attngen.families"},
+    {"attngen.configs"},
     {"attngen.codegen"},
     {"attngen.kernels"},
     {"attngen.db"},

@@ -19,20 +19,16 @@ Nothing on the traced path takes a lock, reads the environment or writes tensor 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
-from attngen import env
 from attngen.families import family
 from attngen.kernels.common import MAX_SEQLEN, MaskArgs, default_scale, mask_kind
-from attngen.runtime import dispatch, loader
-from attngen.kernels.launch import make_descriptors
-from attngen.runtime.plans import CompiledLaunch, PlanCache, aligned
-from attngen.spec import MAX_HEAD_DIM, KernelSpec
-from attngen.buckets import ShapeBucket, bucket_of
-from attngen.configs import pointer_bwd_config, pointer_fwd_config
+from attngen.runtime import dispatch
+from attngen.runtime.plan import Dims, Plan, host_bound, plan_launches  # noqa: F401 (re-exported)
+from attngen.runtime.plans import PlanCache
+from attngen.spec import MAX_HEAD_DIM
 
 MIN_HEAD_DIM = 8
 
@@ -164,85 +160,16 @@ def check_dense(q, k, v, layout: str) -> torch.dtype:
     return dtype
 
 
-def check_device(device: torch.device, interpret: bool) -> None:
-    if device.type not in ("cpu", "cuda"):
-        _fail(f"q: device {device} is not supported (cuda, or cpu through Triton's interpreter)")
-    if device.type == "cpu" and not interpret:
-        _fail("q: CPU tensors run through Triton's interpreter, which is off in this process: set "
-              "TRITON_INTERPRET=1 before importing attngen/triton, or move the tensors to a GPU")
-
-
-@functools.lru_cache(maxsize=1024)
-def _kernel_spec(*fields) -> KernelSpec:
-    return KernelSpec(*fields)
-
-
-def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
-                mask: str, softcap: float, varlen: bool) -> tuple[KernelSpec, bool]:
-    """(spec, interpret) for a validated call (plan misses only)."""
-    interpret = env.interpreting()
-    check_device(device, interpret)
-    spec = _kernel_spec(family, dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device), dqk, dv,
-                        gqa, mask, softcap > 0, varlen)
-    if interpret:
-        from attngen.interp import patch_interpreter
-
-        patch_interpreter()
-    return spec, interpret
-
-
-# --------------------------------------------------------------------------------------------------
-# plans
-
-
-@dataclass(frozen=True)
-class Dims:
-    """What kernel choice and config need from a call's (B, H, S, D) views or packed tensors."""
-
-    hq: int
-    hkv: int
-    dqk: int
-    dv: int
-    bucket: ShapeBucket
-
-    @staticmethod
-    def of(q, k, v, packed: bool, cu_q=None, max_q: int = 0, max_k: int = 0) -> "Dims":
-        if packed:
-            hq = q.shape[1]
-            return Dims(hq, k.shape[1], q.shape[2], v.shape[2],
-                        bucket_of(max(max_q, 1), max(max_k, 1), (cu_q.numel() - 1) * hq))
-        B, hq, sq, dqk = q.shape
-        return Dims(hq, k.shape[1], dqk, v.shape[3], bucket_of(sq, k.shape[2], B * hq))
-
-
 # the two families an attention call runs, and their launchers (attngen.families registers both)
 FWD, BWD = family("fwd"), family("bwd")
 fwd_launches, bwd_launches = FWD.launches(), BWD.launches()
 
 
-def resolve(fam, q, d: Dims, opts: Options, packed: bool):
-    """(spec, module, device class, config, config source) of a plan miss of family `fam`."""
-    spec, interpret = kernel_spec(fam.name, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
-                                  opts.softcap, packed)
-    module = loader.load(spec)
-    dev_class = dispatch.device_class(q.device, interpret)
-    config, source = dispatch.select_config(spec, module.TEMPLATE_HASH, dev_class, d.bucket, opts.window)
-    return spec, module, dev_class, config, source
-
-
-HOST_BOUND_WORK = 1 << 22  # Sq x Sk x (batch x heads) classes of a bucket
-
-
-def host_bound(bucket: ShapeBucket) -> bool:
-    """Shapes whose kernel runs for microseconds, where the call's host time is what counts: the
-    TMA kernel's four tensor descriptors cost more to build per call (H200: 31 us per warm call vs
-    15 us through the pointer kernel, bare launches 11.6 / 6.1 us; B1 H4 S64 hd64,
-    benchmarks/results/h200_launch_overhead_2026-11-30.json) than the copy engine saves."""
-    return bucket.seqlen_q * bucket.seqlen_k * bucket.batch_heads <= HOST_BOUND_WORK
-
-
-class ForwardPlan:
+class ForwardPlan(Plan):
     """The forward of one (shapes, strides, dtypes, device, options) key."""
+
+    FAMILY = FWD
+    ALIGNED = ("Q", "K", "V", "cu_seqlens_q", "cu_seqlens_k")
 
     def __init__(self, q, k, v, opts: Options, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0):
         packed = opts.layout == "packed"
@@ -254,32 +181,24 @@ class ForwardPlan:
             B, sq = qv.shape[0], qv.shape[2]
             self.out_shape = (B, sq, d.hq, d.dv) if opts.layout == "bshd" else (B, d.hq, sq, d.dv)
             self.lse_shape = (B, d.hq, sq)
-        bucket = self.bucket = d.bucket
-        self.dtype, self.device, self.layout, self.opts = q.dtype, q.device, opts.layout, opts
-        self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
-            FWD, q, d, opts, packed)
-        self.forced = self.config_source == "forced"
-        if self.config.tma and host_bound(bucket) and not self.forced:
-            # the config the pointer kernel runs (a warp-specialized config names the Triton
-            # kernels' tiles it falls back to; the TMA and Gluon knobs off), so the plan and
-            # explain() say what launches
-            self.config = pointer_fwd_config(self.config, self.spec)
-            self.config_source += " (pointer kernel: a host-bound shape)"
-        out, lse = self.empty()
-        self.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
-                                          opts.mask_args, self.config, cu_q, cu_k, max_q)
-        self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu")
-                         for la in self.launches_spec]
-        self.descriptors = self.launches_spec[0].descriptors if self.launches_spec else None
-        for la in self.launches_spec:  # a plan must not keep the first call's tensors alive
-            la.values = {n: x for n, x in la.values.items() if not isinstance(x, torch.Tensor)}
-        # shapes and strides only, to build the pointer kernel's launch should a later call's
-        # tensors not be 16-byte aligned for the copy engine
-        self._shadows = tuple(None if t is None else torch.empty_strided(
-            t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (qv, kv, vv, cu_q, cu_k))
+        self.dtype, self.layout, self.opts = q.dtype, opts.layout, opts
+        self.resolve(q, d, opts, packed)
+        # shapes and strides only, to build the portable twin should a later call's tensors not be
+        # 16-byte aligned for the copy engine
+        self._shadows = self.shadows(qv, kv, vv, cu_q, cu_k)
         self._max = (max_q, max_k)
-        self._fallback = None
         self._scratch = None
+        self.bind(qv, kv, vv, cu_q, cu_k, q.device)
+
+    def bind(self, qv, kv, vv, cu_q, cu_k, device) -> None:
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
+        self.compile(fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
+                                  self.opts.mask_args, self.config, cu_q, cu_k, self._max[0]))
+
+    def bind_shadows(self) -> None:
+        self._scratch = None
+        self.bind(*self._shadows, "meta")
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -301,64 +220,38 @@ class ForwardPlan:
                 lse = self._scratch = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q,
                    "cu_seqlens_k": cu_k}
-        ok = aligned(q, k, v, cu_q, cu_k)
-        if self.descriptors:
-            if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernel serves
-                return self._pointer_plan().run(q, k, v, cu_q, cu_k, want_lse)
-            tensors.update(make_descriptors(self.descriptors, tensors))
-        for launch in self.launches:
-            launch(tensors, ok)
+        if not self.launch(tensors):
+            return self.portable().run(q, k, v, cu_q, cu_k, want_lse)
         return out, lse
 
-    def _pointer_plan(self) -> "ForwardPlan":
-        if self._fallback is None:
-            plan = object.__new__(ForwardPlan)
-            plan.__dict__.update(self.__dict__)
-            plan.config = pointer_fwd_config(self.config, self.spec)
-            qv, kv, vv, cu_q, cu_k = self._shadows
-            out = torch.empty(self.out_shape, dtype=self.dtype, device="meta")
-            lse = torch.empty(self.lse_shape, dtype=torch.float32, device="meta")
-            plan.launches_spec = fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out),
-                                              lse, self.opts.mask_args, plan.config, cu_q, cu_k,
-                                              self._max[0])
-            plan.launches = [CompiledLaunch(la, self.device, self.device_class == "cpu")
-                             for la in plan.launches_spec]
-            plan.descriptors = None
-            plan._scratch = None
-            self._fallback = plan
-        return self._fallback
 
-
-class BackwardPlan:
+class BackwardPlan(Plan):
     """The backward of one key: preprocess, dK/dV, dQ (or fp32 atomics into a dQ accumulator)."""
+
+    FAMILY = BWD
+    ALIGNED = ("Q", "K", "V", "Out", "DO", "cu_seqlens_q", "cu_seqlens_k")
 
     def __init__(self, dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None,
                  cu_k=None, max_q: int = 0, max_k: int = 0, pointer_only: bool = False):
         packed = opts.layout == "packed"
         d = Dims.of(*((q, k, v) if packed else dense_views(q, k, v, opts.layout)), packed, cu_q,
                     max_q, max_k)
-        self.bucket = d.bucket
-        self.spec, self.module, self.device_class, self.config, self.config_source = resolve(
-            BWD, q, d, opts, packed)
-        self.forced = self.config_source == "forced"
-        if self.config.tma and (pointer_only or (host_bound(d.bucket) and not self.forced)):
-            self.config = pointer_bwd_config(self.config)
-            self.config_source += (" (pointer kernels: " + ("a misaligned call)" if pointer_only
-                                                            else "a host-bound shape)"))
+        self.opts, self._max = opts, (max_q, max_k)
+        self.resolve(q, d, opts, packed, misaligned=pointer_only)
         self.atomic = self.config.atomic_dq and not deterministic
+        self._shadows = self.shadows(dout, q, k, v, out, lse, cu_q, cu_k)
+        self.bind(dout, q, k, v, out, lse, cu_q, cu_k)
+
+    def bind(self, dout, q, k, v, out, lse, cu_q, cu_k) -> None:
         dq, dk, dv_, delta, dq_acc = self._buffers(q, k, v, lse)
-        views = [t.transpose(1, 2) if opts.layout == "bshd" else t
+        views = [t.transpose(1, 2) if self.opts.layout == "bshd" else t
                  for t in (q, k, v, out, dout, dq_acc, dk, dv_)]
         qv, kv, vv, outv, doutv, dqv, dkv, dvv = views
-        launches = bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
-                                dvv, opts.mask_args, self.config, self.atomic, cu_q, cu_k, max_q, max_k)
-        self.launches = [CompiledLaunch(la, q.device, self.device_class == "cpu") for la in launches]
-        # the TMA kernels' descriptors, per launch (rebuilt around each call's tensors)
-        self.descriptors = [la.descriptors for la in launches]
-        # TMA kernels (host or in-kernel descriptors) need 16-byte aligned bases
-        self.tma = any(la.descriptors or la.scratch for la in launches)
-        self._args = (opts, deterministic, max_q, max_k)
-        self._fallback = None
+        self.compile(bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
+                                  dvv, self.opts.mask_args, self.config, self.atomic, cu_q, cu_k, *self._max))
+
+    def bind_shadows(self) -> None:
+        self.bind(*self._shadows)
 
     def _buffers(self, q, k, v, lse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -372,19 +265,8 @@ class BackwardPlan:
             return dq.zero_(), dk.zero_(), dv.zero_()
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
                    "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
-        ok = aligned(q, k, v, out, dout, cu_q, cu_k)
-        if self.tma:
-            if not ok:  # the copy engine needs 16-byte aligned bases: the pointer kernels serve
-                if self._fallback is None:
-                    opts, det, max_q, max_k = self._args
-                    self._fallback = BackwardPlan(dout, q, k, v, out, lse, opts, det, cu_q, cu_k,
-                                                  max_q, max_k, pointer_only=True)
-                return self._fallback.run(dout, q, k, v, out, lse, cu_q, cu_k)
-            for launch, descs in zip(self.launches, self.descriptors):
-                launch({**tensors, **make_descriptors(descs, tensors)} if descs else tensors, ok)
-        else:
-            for launch in self.launches:
-                launch(tensors, ok)
+        if not self.launch(tensors):
+            return self.portable().run(dout, q, k, v, out, lse, cu_q, cu_k)
         if self.atomic:
             dq.copy_(dq_acc)
         return dq, dk, dv
@@ -399,12 +281,6 @@ def clear_plans() -> None:
     """Forget every plan (compiled kernels stay compiled): tests and benchmarks that look at the
     plans one call builds start from here."""
     _FWD.clear(), _BWD.clear(), _FAST.clear()
-
-
-def plan_launches(plan) -> list[tuple[str, int]]:
-    """(kernel, programs) of each launch of a plan, or of the pointer plan it handed its calls to
-    (tensors the copy engine cannot take)."""
-    return [(la.fn.__name__, la.grid) for la in (getattr(plan, "_fallback", None) or plan).launches]
 
 
 def launched() -> dict[str, list[tuple[str, int]]]:

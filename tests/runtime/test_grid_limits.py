@@ -29,6 +29,7 @@ from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID
 from attngen.runtime import api, dispatch, loader
+from attngen.runtime import plan as plan_mod
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_BWD_DEFAULT, WS_DEFAULT, WS_DOCS, bwd_triton_fallback,
                                   triton_fallback)
@@ -52,7 +53,7 @@ def kernel_cache(tmp_path_factory):
 def h200(monkeypatch):
     """The runtime as on an H200: sm90 kernels, the h100 class's configs, the Gluon kernels allowed
     (the launchers allow them on CUDA tensors only), 132 SMs. Meta tensors pass the device check."""
-    monkeypatch.setattr(api, "check_device", lambda device, interpret: None)
+    monkeypatch.setattr(plan_mod, "check_device", lambda device, interpret: None)
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
     monkeypatch.setattr(api, "fwd_launches", functools.partial(kfwd.fwd_launches, gluon=True))

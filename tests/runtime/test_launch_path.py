@@ -16,6 +16,7 @@ from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID, needs_int64, programs
 from attngen.runtime import api, loader
+from attngen.runtime import plan as plan_mod
 from attngen.spec import KernelSpec
 from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
 from attngen.configs import FwdConfig
@@ -292,8 +293,8 @@ def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
 def assert_pointer_fallback(bplan, grads, odd_grads):
     """A misaligned call under the same backward key went through the plan's pointer-kernel
     fallback and got the same gradients as the TMA kernels."""
-    assert len(api._BWD) == 1 and bplan._fallback is not None  # same key, pointer kernels
-    assert [la.fn.__name__ for la in bplan._fallback.launches] == [
+    assert len(api._BWD) == 1 and bplan._portable is not None  # same key, pointer kernels
+    assert [la.fn.__name__ for la in bplan._portable.launches] == [
         "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"]
     for g, g_odd in zip(grads, odd_grads):
         torch.testing.assert_close(g_odd, g, atol=2e-3, rtol=0)
@@ -311,7 +312,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
-    monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
+    monkeypatch.setattr(plan_mod, "HOST_BOUND_WORK", 0)  # small shapes would take the pointer kernel
     api.clear_plans()
     try:
         q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=31, layout="bshd")
@@ -356,7 +357,7 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
     monkeypatch.setattr(dispatch, "select_config", lambda spec, h, dc, b, w=None: (
         (FwdConfig(32, 32, 4, 1, tma=True), "test") if spec.family == "fwd"
         else (dataclasses.replace(dispatch.family("bwd").default(spec, "cpu"), tma=True), "test")))
-    monkeypatch.setattr(api, "HOST_BOUND_WORK", 0)
+    monkeypatch.setattr(plan_mod, "HOST_BOUND_WORK", 0)
     api.clear_plans()
     lens = [7, 40, 1, 33]
     T = sum(lens)
@@ -376,7 +377,7 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
         buf = torch.empty(q.numel() + 8, dtype=q.dtype)
         q_odd = buf[1:1 + q.numel()].view(q.shape).copy_(q)  # 2-byte offset: no TMA
         odd = attngen.attention_varlen(q_odd, k, v, cu, cu, max(lens), max(lens), causal=True)
-        assert torch.equal(out.detach(), odd) and len(api._FWD) == 1 and plan._fallback is not None
+        assert torch.equal(out.detach(), odd) and len(api._FWD) == 1 and plan._portable is not None
         for query, got in ((q, out), (q2, warm)):
             per_doc = [attention_ref(*(t[a:b].transpose(0, 1).unsqueeze(0) for t in (query, k, v)), causal=True)[0]
                        for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]

@@ -41,7 +41,7 @@ def plans(kind: str, dims, hd: int, causal: bool, window, softcap: float, misali
     bwd = api.BackwardPlan(torch.empty_like(out), q, k, v, out, lse, opts, False, *extra,
                            pointer_only=misaligned)
     if misaligned:
-        fwd = fwd._pointer_plan()
+        fwd = fwd.portable()
     return fwd, bwd
 
 
