@@ -29,7 +29,7 @@ INNER_MASKS = ("none", "causal", "sliding_window")  # what a KernelSpec's mask c
 ALIGNMENTS = ("bottom_right", "top_left")
 DTYPES = ("fp16", "bf16", "fp8_e4m3")
 TARGETS = ("sm80", "sm90")
-FAMILIES = ("fwd", "bwd")
+FAMILIES = ("fwd", "bwd", "decode")
 IMPLEMENTED_DTYPES = ("fp16", "bf16")  # fp8 kernels arrive with the FP8 family
 MAX_HEAD_DIM = 256
 MIN_HEAD_DIM = 8  # any head dim from 8 to 256: tiles pad to a power of two >= 16
@@ -163,6 +163,8 @@ class SpecEntry:
         inner = self.document_mask if self.mask == "document" else self.mask
         out = []
         for family in self.families:
+            if family == "decode" and self.mask == "document":
+                continue  # decoding reads a KV cache, never packed documents
             for dtype in self.dtypes:
                 for target in self.targets:
                     out.append(KernelSpec(
@@ -202,10 +204,10 @@ _ENTRY_FIELDS = {
     "softmax_scale": "softmax scale, null = 1/sqrt(head_dim_qk)",
     "dtypes": "fp16 | bf16, or a list (fp8_e4m3 is reserved: rejected until fp8 kernels exist)",
     "targets": "sm80 | sm90, or a list",
-    "families": "fwd | bwd, or a list",
+    "families": "fwd | bwd | decode, or a list (decode: split-KV kernels for short queries on a KV cache; document entries get none)",
 }
 _TOP_FIELDS = ("model", "description", "kernels")
-DEFAULT_FAMILIES = ("fwd", "bwd")
+DEFAULT_FAMILIES = ("fwd", "bwd", "decode")
 
 
 def _is_int(v: Any) -> bool:

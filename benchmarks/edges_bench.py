@@ -41,6 +41,7 @@ from attngen.bench.report import git_commit
 from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.runtime import api, loader, plan
+from attngen.runtime import validate
 from attngen.runtime.plans import CompiledLaunch
 from attngen.configs import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
 
@@ -78,7 +79,7 @@ def _pointer_launches(B: int, H: int, S: int, D: int) -> dict[str, list]:
     configs the runtime gives them on a wide call (the sm90 defaults' Triton fallback, no TMA)."""
     q, k, v, dout = (torch.randn(B, H, S, D, device=DEV, dtype=BF16) for _ in range(4))
     out, lse = torch.empty_like(q), torch.empty(B, H, S, device=DEV)
-    mask = api.make_options(D, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+    mask = validate.make_options(D, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
     spec, _ = plan.kernel_spec("fwd", BF16, q.device, D, D, 1, "causal", 0.0, False)
     cfg = dataclasses.replace(triton_fallback(default_fwd_config(spec), spec), tma=False, q_regs=False)
     fwd = kfwd.fwd_launches(loader.load(spec), spec, q, k, v, out, lse, mask, cfg, gluon=False)

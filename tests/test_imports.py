@@ -120,13 +120,14 @@ def test_planning_an_sm90_call_imports_no_jinja2_optuna_or_sqlalchemy():
         import torch
         import attngen
         from attngen.runtime import api, dispatch, plan
+        from attngen.runtime import validate
         plan.check_device = lambda device, interpret: None
         dispatch.device_target = lambda device: "sm90"
         dispatch.device_class = lambda device, interpret: "h100"
         for s in (1024, 4096, 128):
             q = torch.empty(2, 32, s, 128, dtype=torch.bfloat16, device="meta")
             k = torch.empty(2, 8, s, 128, dtype=torch.bfloat16, device="meta")
-            opts = api.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
+            opts = validate.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
             fwd = api.ForwardPlan(q, k, k, opts)
             out, lse = fwd.empty()
             api.BackwardPlan(torch.empty_like(out), q, k, k, out, lse, opts, False)

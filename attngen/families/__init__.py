@@ -7,10 +7,10 @@ Pure Python: no torch, triton or jinja2 (launchers and hooks are imported on fir
 from __future__ import annotations
 
 from attngen import spec as _spec
-from attngen.families import bwd, fwd
+from attngen.families import bwd, decode, fwd
 from attngen.families.base import Family
 
-FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd)}
+FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode)}
 assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"
 
 

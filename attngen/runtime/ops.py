@@ -9,11 +9,11 @@ from typing import Optional
 
 import torch
 
-from attngen.runtime import api
+from attngen.runtime import api, kvcache, validate
 
 
-def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "api.Options":
-    return api.Options(mask, scale, softcap, window_left, window_right, top_left, layout)
+def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "validate.Options":
+    return validate.Options(mask, scale, softcap, window_left, window_right, top_left, layout)
 
 
 def _out_shapes(q, v, layout):
@@ -74,6 +74,26 @@ def _backward(ctx, dout, _dlse):
 torch.library.register_autograd("attngen::attention_fwd", _backward, setup_context=_setup_context)
 
 
-def attention_fwd(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: "api.Options", deterministic: bool):
+def attention_fwd(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: "validate.Options", deterministic: bool):
     return _fwd(q, k, v, cu_q, cu_k, max_q, max_k, opts.scale, opts.softcap, opts.window_left,
                 opts.window_right, opts.mask, opts.top_left, opts.layout, deterministic)
+
+
+@torch.library.custom_op("attngen::attention_kvcache", mutates_args=("k_cache", "v_cache"))
+def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
+             k: Optional[torch.Tensor], v: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
+             scale: float, softcap: float, window_left: int, window_right: int, mask: str,
+             new_len: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    opts = _opts(scale, softcap, window_left, window_right, mask, False, "bshd")
+    return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits)
+
+
+@_kvcache.register_fake
+def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
+    B, sq, hq, _ = q.shape
+    return q.new_empty(B, sq, hq, v_cache.shape[3]), q.new_empty(B, hq, sq, dtype=torch.float32)
+
+
+def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int):
+    return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
+                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from attngen.runtime import api, dispatch, ops
+from attngen.families.decode import MAX_SPLITS
+from attngen.runtime import api, dispatch, kvcache, ops, validate
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -46,8 +47,8 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
             else:
                 out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
             return (out, lse) if return_lse else out
-    api.check_dense(q, k, v, layout)
-    opts = api.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    validate.check_dense(q, k, v, layout)
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
     if compiling:
         out, lse = ops.attention_fwd(q, k, v, None, None, 0, 0, opts, bool(deterministic))
         return (out, lse) if return_lse else out
@@ -91,8 +92,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
     fp32 logsumexp (Hq, total_q). Differentiable."""
-    api.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    opts = api.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
+    validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
     if torch.compiler.is_compiling():
         out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                      opts, bool(deterministic))
@@ -103,4 +104,36 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     else:
         out, lse = api.forward_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    return (out, lse) if return_lse else out
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
+                           causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
+                           num_splits=0):
+    """Attention of a short query on a KV cache (decoding), split over the key axis.
+
+    q (B, Sq, Hq, D), Sq from 1 to 16; caches (B, S_max, Hkv, D), or paged (num_pages, page_size,
+    Hkv, D) with `block_table` (B, max_pages) int32 (page_size a multiple of 16); the head dim
+    contiguous. cache_seqlens (B,) int32: the keys already in each row (None: every row is full,
+    S_max keys; required with a paged cache or new k / v). k / v (B, n, Hkv, D): new keys and
+    values, written into the caches in place at cache_seqlens (cache_seqlens itself is not
+    changed) and seen by this call. causal and window_size are bottom-right: query token i sits at
+    key position kv_len - Sq + i. num_splits: slices of the key axis (0: from shapes). Returns out
+    (B, Sq, Hq, Dv), with return_lse also the fp32 logsumexp (B, Hq, Sq). Inference only (no
+    gradient); works under torch.compile(fullgraph=True) and CUDA graphs (the split comes from
+    shapes, never from cache_seqlens values).
+    """
+    new_len = kvcache.check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
+        raise ValueError("q: attention_with_kvcache is inference only (no gradient); call it under "
+                         "torch.no_grad() or use attention() for training")
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
+    if torch.compiler.is_compiling():
+        out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
+                                         num_splits)
+    else:
+        out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
+                                        num_splits)
     return (out, lse) if return_lse else out

@@ -8,7 +8,7 @@ import time
 import torch
 
 from attngen.configs import pointer_bwd_config
-from attngen.runtime import api, dispatch, public
+from attngen.runtime import api, dispatch, public, validate
 
 
 def _launched(launches) -> list[dict]:
@@ -33,11 +33,11 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     cu_seqlens_q / cu_seqlens_k (and max_seqlen_*) what attngen.attention_varlen would run."""
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if packed:
-        api.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         layout = "packed"
     else:
-        api.check_dense(q, k, v, layout)
-    opts = api.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+        validate.check_dense(q, k, v, layout)
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
     plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             if packed else api.forward_plan(q, k, v, opts))
     bwd_spec = plan.spec.replace(family=api.BWD.name)
@@ -113,7 +113,7 @@ def _warmup_varlen(hq, hkv, d, seqlens, docs, dtype, device, kw, backward) -> li
             out.sum().backward()
         if q.is_cuda:
             torch.cuda.synchronize(q.device)
-        opts = api.make_options(d, kw["causal"], kw["window_size"], kw["softcap"], None,
+        opts = validate.make_options(d, kw["causal"], kw["window_size"], kw["softcap"], None,
                                 "bottom_right", "packed")
         plan = api.forward_plan(q.detach(), k.detach(), v.detach(), opts, cu, cu, s, s)
         rows.append({"seqlen": s, "bucket": plan.bucket.key, "kernel": plan.spec.uri,

@@ -13,7 +13,7 @@ import torch
 
 import attngen
 from attngen.kernels.common import MAX_SEQLEN, UNBOUNDED, mask_kind
-from attngen.runtime import api
+from attngen.runtime import validate
 from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +175,7 @@ def test_sequence_past_the_int32_mask_bounds_is_a_clear_error(arg, shapes):
     with pytest.raises(ValueError, match=rf"^{arg}: sequence length {MAX_SEQLEN + 1} is above"):
         attngen.attention(q, k, v, causal=True)
     ok = [(1, 1, min(s[2], MAX_SEQLEN), 8) for s in shapes]
-    api.check_dense(*(torch.empty(s, dtype=torch.float16, device="meta") for s in ok), "bhsd")
+    validate.check_dense(*(torch.empty(s, dtype=torch.float16, device="meta") for s in ok), "bhsd")
 
 
 def test_varlen_document_past_the_int32_mask_bounds_is_a_clear_error():

@@ -29,6 +29,7 @@ from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID
 from attngen.runtime import api, dispatch, loader
+from attngen.runtime import validate
 from attngen.runtime import plan as plan_mod
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_BWD_DEFAULT, WS_DEFAULT, WS_DOCS, bwd_triton_fallback,
@@ -38,7 +39,7 @@ from tests.gpu.test_gpu_edges import EDGES
 H200_SMS = 132
 META = "meta"
 BF16 = torch.bfloat16
-MASK = api.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+MASK = validate.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,7 +88,7 @@ def replay(case):
     """The forward and backward plans the runtime builds for a GPU edge case on an H200."""
     shape_q, shape_kv = case.shapes()
     q, k, v = meta(*shape_q), meta(*shape_kv), meta(*shape_kv)
-    opts = api.make_options(case.d, True, (-1, -1), 0.0, None, "bottom_right", case.layout)
+    opts = validate.make_options(case.d, True, (-1, -1), 0.0, None, "bottom_right", case.layout)
     packed = ()
     if case.layout == "packed":
         cu = meta(case.docs + 1, dtype=torch.int32)

@@ -16,6 +16,7 @@ from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID, needs_int64, programs
 from attngen.runtime import api, loader
+from attngen.runtime import validate
 from attngen.runtime import plan as plan_mod
 from attngen.spec import KernelSpec
 from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
@@ -61,8 +62,8 @@ def test_plan_cache_new_length_same_bucket_reuses_kernel_and_config():
     attngen.attention(q, k, v, causal=True)
     q2, k2, v2 = inputs(sq=41, sk=41)
     attngen.attention(q2, k2, v2, causal=True)
-    p1 = api.forward_plan(q, k, v, api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
-    p2 = api.forward_plan(q2, k2, v2, api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+    p1 = api.forward_plan(q, k, v, validate.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+    p2 = api.forward_plan(q2, k2, v2, validate.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
     assert p1 is not p2 and p1.module is p2.module and p1.config == p2.config and p1.bucket == p2.bucket
 
 
@@ -150,7 +151,7 @@ def test_grid_is_one_axis_within_cuda_limits():
     e = lambda *s: torch.empty(1, dtype=torch.float16).expand(*s)  # noqa: E731  (no memory)
     q, k, out = e(B, Hq, S, 64), e(B, Hkv, S, 64), e(B, Hq, S, 64)
     lse = torch.empty(1).expand(B, Hq, S)
-    mask = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+    mask = validate.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
     (launch,) = kfwd.fwd_launches(mod, spec, q, k, k, out, lse, mask, FwdConfig(64, 64, 4, 1))
     assert launch.grid == B * Hq * 1 and launch.values["num_m_blocks"] == 1
     with pytest.raises(ValueError, match="above CUDA's grid limit"):
@@ -272,7 +273,7 @@ def test_sm90_tma_kernel_chosen_only_when_the_copy_engine_can_serve():
     kernel; both compute the same attention."""
     spec = KernelSpec("fwd", "fp16", "sm90", 64, 64, 2, "causal")
     mod = loader.load(spec)
-    mask = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
+    mask = validate.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").mask_args
     cfg = FwdConfig(32, 32, 4, 1, tma=True)
     q, k, v = inputs(b=1, hq=4, hkv=2, sq=45, sk=45, seed=21)
     outs = []
@@ -404,7 +405,7 @@ def test_host_bound_shapes_skip_the_descriptors(monkeypatch):
         for s, name in ((64, "_attn_fwd"), (2048, "_attn_fwd_tma")):
             q, k, v = (torch.empty(1, 2 if s == 64 else 8, s, 32, dtype=torch.float16) for _ in range(3))
             info = attngen.explain(q, k, v, causal=True)
-            plan = api.forward_plan(q, k, v, api.make_options(32, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+            plan = api.forward_plan(q, k, v, validate.make_options(32, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
             assert plan.launches_spec[0].fn.__name__ == name, (s, info)
     finally:
         api.clear_plans()
@@ -437,7 +438,7 @@ def test_window_backward_default_follows_the_call_window():
     picks = {w: dispatch.select_config(spec, "0" * 16, "h100", bucket, w) for w in (1025, 4097, None)}
     assert all(src == "default" for _, src in picks.values())
     assert [picks[w][0].block_m for w in (1025, 4097, None)] == [32, 64, 64]
-    opts = api.make_options(128, True, (1024, 0), 0.0, None, "bottom_right", "bhsd")
+    opts = validate.make_options(128, True, (1024, 0), 0.0, None, "bottom_right", "bhsd")
     assert opts.window == 1025
-    assert api.make_options(128, False, (9, 4), 0.0, None, "bottom_right", "bhsd").window == 14
-    assert api.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").window is None
+    assert validate.make_options(128, False, (9, 4), 0.0, None, "bottom_right", "bhsd").window == 14
+    assert validate.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").window is None

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from attngen.runtime import api, dispatch
+
+from attngen.runtime import validate
 from attngen import configs as space
 from attngen.configs import BwdConfig, FwdConfig, InvalidConfig
 from tests.runtime.test_grid_limits import h200, kernel_cache, meta  # noqa: F401 (fixtures)
@@ -35,7 +37,7 @@ def plans(kind: str, dims, hd: int, causal: bool, window, softcap: float, misali
         q, k, v = meta(t, hq, hd), meta(t, hkv, hd), meta(t, hkv, hd)
         cu = meta(docs + 1, dtype=torch.int32)
         layout, extra = "packed", (cu, cu, n, n)
-    opts = api.make_options(hd, causal, window, softcap, None, "bottom_right", layout)
+    opts = validate.make_options(hd, causal, window, softcap, None, "bottom_right", layout)
     fwd = api.ForwardPlan(q, k, v, opts, *extra)
     out, lse = fwd.empty()
     bwd = api.BackwardPlan(torch.empty_like(out), q, k, v, out, lse, opts, False, *extra,
@@ -75,7 +77,7 @@ def test_launchers_refuse_a_config_the_filter_rejects(h200):
     """The choke point: a pointer-kernel config with q_regs (what the host-bound downgrade used to
     build) never reaches a launch, whoever builds it."""
     q = meta(2, 6, 113, 40)
-    opts = api.make_options(40, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
+    opts = validate.make_options(40, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
     plan = api.ForwardPlan(q, q, q, opts)
     out, lse = plan.empty()
     bad = FwdConfig(64, 64, 4, 3, q_regs=True)
@@ -91,7 +93,7 @@ def test_forced_config_is_checked_and_keyed(h200):
     """dispatch.forced_config: the forced config runs (no host-bound downgrade), an invalid one is
     a clear error, and plans made under it are not reused outside it."""
     q = meta(2, 6, 113, 64)
-    opts = api.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
+    opts = validate.make_options(64, True, (-1, -1), 0.0, None, "bottom_right", "bhsd")
     tma = FwdConfig(64, 64, 4, 2, tma=True, q_regs=True)
     with dispatch.forced_config(fwd=tma):
         plan = api.ForwardPlan(q, q, q, opts)
@@ -102,7 +104,7 @@ def test_forced_config_is_checked_and_keyed(h200):
     with dispatch.forced_config(fwd=FwdConfig(64, 64, 4, 2, consumers=2)):
         with pytest.raises(ValueError, match="consumers"):
             api.ForwardPlan(meta(2, 6, 113, 40), meta(2, 6, 113, 40), meta(2, 6, 113, 40),
-                            api.make_options(40, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
+                            validate.make_options(40, True, (-1, -1), 0.0, None, "bottom_right", "bhsd"))
     with pytest.raises(ValueError, match="BwdConfig"):
         with dispatch.forced_config(bwd=tma):
             pass

@@ -1,0 +1,161 @@
+"""The decode family (`decode`, templates/attn_decode.py.jinja): split-KV attention of a short
+query (1 to 16 tokens) on a long KV cache, contiguous or paged. Its launch config, validity
+filter, search space, defaults, how a call is split, its launches, and its Family record.
+
+A program takes one slice of the keys of one KV head for all gqa_ratio x Sq query rows of that
+head (GQA packing: the cache is read once per group), writes a partial output with its LSE, and a
+combine launch merges the slices (LSE-weighted). The number of slices comes from shapes only --
+batch, KV heads, the cache's capacity and the GPU's SM count -- never from cache_seqlens values,
+so a call needs no device-to-host copy and can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from attngen.families.base import Family, _pow2, require_valid
+from attngen.spec import KernelSpec
+
+MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
+MAX_SPLITS = 128
+MIN_SPLIT_KEYS = 256  # a slice shorter than this costs more in its partial write than it saves
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    block_n: int  # keys per step of a program's loop
+    num_warps: int
+    num_stages: int
+    # slices of the key axis per (batch row, KV head): 0 = from shapes (splits()), else this many
+    # (fewer when the cache is shorter than num_splits x block_n)
+    num_splits: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def check_decode(spec: KernelSpec, cfg: DecodeConfig) -> str | None:
+    """None if `cfg` can launch `spec`'s decode kernels, else the reason (the tuner records it)."""
+    if spec.varlen:
+        return "decode kernels read a KV cache, not packed documents"
+    if not _pow2(cfg.block_n) or not 16 <= cfg.block_n <= 256:
+        return "block_n must be a power of two from 16 to 256"
+    if cfg.num_warps not in (1, 2, 4, 8):
+        return "num_warps must be 1, 2, 4 or 8"
+    if cfg.num_stages < 1:
+        return "num_stages must be >= 1"
+    if not 0 <= cfg.num_splits <= MAX_SPLITS:
+        return f"num_splits is 0 (from shapes) or 1 to {MAX_SPLITS}"
+    # K and V tiles per stage, 2-byte elements; the query tile stays in registers
+    d = _pad(spec.head_dim_qk) + _pad(spec.head_dim_v)
+    need = 2 * cfg.num_stages * cfg.block_n * d
+    if need > 160 * 1024:
+        return f"needs ~{need} B of shared memory"
+    return None
+
+
+def _pad(d: int) -> int:
+    return max(16, 1 << (d - 1).bit_length())
+
+
+def rows_tile(gqa: int, seqlen_q: int) -> int:
+    """BLOCK_M: the packed query rows of one KV head (gqa x Sq), a power of two, at least 16."""
+    return max(16, 1 << (gqa * seqlen_q - 1).bit_length())
+
+
+def splits(cfg: DecodeConfig, batch: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, int]:
+    """(num_splits, split_len) of a call: shapes only. `capacity`: the most keys a row can hold
+    (the cache's S_max, or max pages x page size). From shapes: enough programs for two per SM,
+    no slice under MIN_SPLIT_KEYS keys; split_len a multiple of block_n."""
+    capacity = max(capacity, 1)
+    if cfg.num_splits:
+        n = cfg.num_splits
+    else:
+        programs = max(batch * kv_heads, 1)
+        n = min(-(-2 * sms // programs), -(-capacity // MIN_SPLIT_KEYS), MAX_SPLITS)
+    n = max(1, min(n, -(-capacity // cfg.block_n)))
+    split_len = -(-(-(-capacity // n)) // cfg.block_n) * cfg.block_n
+    return -(-capacity // split_len), split_len
+
+
+SPACE: dict[str, tuple] = {
+    "block_n": (32, 64, 128),
+    "num_warps": (2, 4, 8),
+    "num_stages": (1, 2, 3, 4),
+    "num_splits": (0, 1, 8, 32),
+}
+
+
+def default_decode_config(spec: KernelSpec, device_kind: str = "cuda") -> DecodeConfig:
+    if device_kind == "cpu":
+        return DecodeConfig(32, 4, 1)
+    if max(spec.head_dim_qk, spec.head_dim_v) > 128:
+        return DecodeConfig(32, 4, 2)
+    return DecodeConfig(64, 4, 2)
+
+
+def variants(spec: KernelSpec) -> dict[str, bool]:
+    return {}
+
+
+def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
+                    cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
+                    new_len: int = 0) -> list:
+    """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
+    (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages)
+    int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of partial_shapes() (unused
+    with one split). cache_seqlens (B,) int32: keys already in each row's cache (new_len more are
+    seen by this call), or None: every row holds k_cache.shape[1] keys."""
+    from attngen.kernels.launch import Launch, programs
+
+    require_valid_decode(spec, cfg)
+    B, sq, hq, _ = q.shape
+    hkv = k_cache.shape[2]
+    paged = block_table is not None
+    block_m = rows_tile(hq // hkv, sq)
+    qk_scale, softcap_in, softcap_out = mask.score_args()
+    split = num_splits > 1
+    values = {
+        "Q": q, "K": k_cache, "V": v_cache, "Out": out, "Lse": lse, "OutP": out_part, "LseP": lse_part,
+        "CacheSeqlens": cache_seqlens, "BlockTable": block_table,
+        "stride_qz": q.stride(0), "stride_qm": q.stride(1), "stride_qh": q.stride(2),
+        "stride_kz": k_cache.stride(0), "stride_kn": k_cache.stride(1), "stride_kh": k_cache.stride(2),
+        "stride_vz": v_cache.stride(0), "stride_vn": v_cache.stride(1), "stride_vh": v_cache.stride(2),
+        "stride_oz": out.stride(0), "stride_om": out.stride(1), "stride_oh": out.stride(2),
+        "stride_lz": lse.stride(0), "stride_lh": lse.stride(1), "stride_lm": lse.stride(2),
+        "stride_bt": block_table.stride(0) if paged else 0,
+        "num_kv_heads": hkv, "seqlen_q": sq, "seqlen_k": 0 if cache_seqlens is not None else k_cache.shape[1],
+        "new_len": new_len, "split_len": split_len, "num_splits": num_splits,
+        "page_size": k_cache.shape[1] if paged else 1,
+        "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
+        "window_left": mask.window_left, "window_right": mask.window_right,
+        "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
+        "SPLIT": split,
+    }
+    grid = programs(num_splits * hkv, B, "q") if B and sq else 0
+    launches = [Launch(mod._attn_decode, grid, values, cfg.num_warps, cfg.num_stages)]
+    if split:
+        combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
+                                          "stride_lz", "stride_lh", "stride_lm", "num_kv_heads", "seqlen_q",
+                                          "num_splits", "BLOCK_M")}
+        combine["BLOCK_S"] = max(2, 1 << (num_splits - 1).bit_length())
+        launches.append(Launch(mod._attn_decode_combine, B * hkv if grid else 0, combine, 4, 1))
+    return launches
+
+
+def partial_shapes(batch: int, kv_heads: int, num_splits: int, block_m: int, head_dim_v: int):
+    """Shapes of the fp32 partial output and LSE buffers of a split call."""
+    rows = batch * kv_heads * num_splits * block_m
+    return (rows, _pad(head_dim_v)), (rows,)
+
+
+def require_valid_decode(spec: KernelSpec, cfg: DecodeConfig) -> None:
+    require_valid(spec, cfg, check_decode)
+
+
+FAMILY = Family(
+    "decode", "attn_decode.py.jinja", DecodeConfig, check_decode,
+    lambda spec, kind, seqlen_q=0, window=None: default_decode_config(spec, kind),
+    ("_attn_decode", "_attn_decode_combine"), "attngen.families.decode:decode_launches", 1.0, ("out", "lse"),
+    space=SPACE, portable=lambda cfg, spec: cfg, variants=variants, hooks="attngen.tuning.hooks:DecodeHooks")
