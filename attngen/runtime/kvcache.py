@@ -38,7 +38,7 @@ class DecodePlan(Plan):
     ALIGNED = ("Q", "K", "V")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
-                 num_splits: int = 0):
+                 num_splits: int = 0, out_layout: str = "bshd"):
         B, sq, hq, dqk = q.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         paged = block_table is not None
@@ -52,10 +52,15 @@ class DecodePlan(Plan):
         self.num_splits, self.split_len = fam_decode.splits(self.config, B, hkv, capacity, sms)
         block_m = fam_decode.rows_tile(hq // hkv, sq)
         self.part_shapes = fam_decode.partial_shapes(B, hkv, self.num_splits, block_m, dv)
-        self.out_shape, self.lse_shape = (B, sq, hq, dv), (B, hq, sq)
+        # the output as the caller holds it: (B, Sq, Hq, Dv), or (B, Hq, Sq, Dv) for a bhsd
+        # attention() call (the kernel writes through its (B, Sq, Hq, Dv) view)
+        self.out_layout = out_layout
+        self.out_shape = (B, sq, hq, dv) if out_layout == "bshd" else (B, hq, sq, dv)
+        self.lse_shape = (B, hq, sq)
         out, lse = self.empty()
         op, lp = self.partials()
-        self.compile(decode_launches(self.module, self.spec, q, k_cache, v_cache, out, lse, op, lp, opts.mask_args,
+        self.compile(decode_launches(self.module, self.spec, q, k_cache, v_cache, self.out_view(out), lse, op, lp,
+                                     opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
                                      new_len))
 
@@ -63,19 +68,20 @@ class DecodePlan(Plan):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
                 torch.empty(self.lse_shape, dtype=torch.float32, device=self.device))
 
+    def out_view(self, out):
+        return out if self.out_layout == "bshd" else out.transpose(1, 2)
+
     def partials(self):
         if self.num_splits == 1:
             return None, None
         return (torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device),
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
-    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, out=None):
-        """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq)); `out` may be a view of another layout."""
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
-        if out is None:
-            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None):
+        """(out in the plan's layout, lse (B, Hq, Sq))."""
+        out, lse = self.empty()
         op, lp = self.partials()
-        self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": out, "Lse": lse, "OutP": op, "LseP": lp,
+        self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                      "CacheSeqlens": cache_seqlens, "BlockTable": block_table})
         return out, lse
 
@@ -87,23 +93,13 @@ class DensePlan:
     def __init__(self, q, k, v, opts):
         self.layout, self.opts = opts.layout, opts
         qv, kv, vv = _bshd(q, k, v, opts.layout)
-        self.plan = DecodePlan(qv, kv, vv, opts)
-        B, sq, hq, dv = self.plan.out_shape
-        self.out_shape = (B, sq, hq, dv) if self.layout == "bshd" else (B, hq, sq, dv)
+        self.plan = DecodePlan(qv, kv, vv, opts, out_layout=opts.layout)
 
-    def __getattr__(self, name):  # spec, module, config, config_source, bucket, launches, ...
+    def __getattr__(self, name):  # spec, module, config, config_source, bucket, launches, empty, ...
         return getattr(self.__dict__["plan"], name)
 
-    def empty(self):
-        p = self.plan
-        return (torch.empty(self.out_shape, dtype=p.dtype, device=p.device),
-                torch.empty(p.lse_shape, dtype=torch.float32, device=p.device))
-
     def run(self, q, k, v, cu_q=None, cu_k=None, want_lse=True):
-        qv, kv, vv = _bshd(q, k, v, self.layout)
-        out = torch.empty(self.out_shape, dtype=self.plan.dtype, device=self.plan.device)
-        _, lse = self.plan.run_cache(qv, kv, vv, out=out if self.layout == "bshd" else out.transpose(1, 2))
-        return out, lse
+        return self.plan.run_cache(*_bshd(q, k, v, self.layout))
 
 
 def _bshd(q, k, v, layout: str):

@@ -1,0 +1,223 @@
+"""The decode family in Triton's interpreter against a float64 reference (flash-attn's 2x rule):
+ragged cache_seqlens (1 included, lengths that are no multiple of the page size or of a split),
+contiguous and paged caches (page sizes 16, 32, 48), Sq 1 to 16 with GQA packing, causal /
+window / softcap / no mask, fp16 and bf16, forced and automatic split counts, new keys appended in
+place and seen by the same call. Outputs and partial buffers are poisoned with NaN before each
+launch, so a row or split the kernels fail to write is caught."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attngen
+from attngen.families import decode as fd
+from attngen.kernels.common import MaskArgs, mask_kind
+from attngen.runtime import loader
+from attngen.spec import KernelSpec
+from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, random_inputs
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def reference(q, k_rows, v_rows, lens, causal, window, softcap, scale, upcast=True):
+    """(B, Sq, Hq, Dv) and lse (B, Hq, Sq): each batch row against its first lens[b] keys, the
+    queries bottom-right (query i at key position len - Sq + i)."""
+    outs, lses = [], []
+    for b, n in enumerate(lens):
+        o, lse = attention_ref(q[b:b + 1].transpose(1, 2), k_rows[b:b + 1, :n].transpose(1, 2),
+                               v_rows[b:b + 1, :n].transpose(1, 2), causal=causal, window_size=window,
+                               softcap=softcap, scale=scale, upcast=upcast)
+        outs.append(o.transpose(1, 2))
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def make_cache(B, cap, hkv, d, dtype, page, seed):
+    """(k_cache, v_cache, block_table, k_rows, v_rows): k_rows / v_rows the (B, cap, Hkv, D) view
+    the kernel should see; paged caches take shuffled pages plus spare ones."""
+    if not page:
+        k, v = random_inputs((B, cap, hkv, d), (B, cap, hkv, d), dtype=dtype, seed=seed)
+        return k, v, None
+    npages = -(-cap // page)
+    total = B * npages + 3
+    k, v = random_inputs((total, page, hkv, d), (total, page, hkv, d), dtype=dtype, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randperm(total, generator=g)[:B * npages].reshape(B, npages).to(torch.int32)
+    return k, v, table
+
+
+def rows_view(cache, table, B):
+    if table is None:
+        return cache
+    return cache[table.long()].reshape(B, -1, *cache.shape[2:])
+
+
+# (dtype, B, Sq, Hq, Hkv, D, capacity, causal, window, softcap, page, num_splits)
+CASES = [
+    ("bf16", 3, 1, 8, 2, 64, 203, True, (-1, -1), 0.0, 0, 0),
+    ("fp16", 2, 1, 4, 4, 128, 300, False, (-1, -1), 0.0, 0, 3),
+    ("bf16", 2, 4, 8, 1, 128, 211, True, (-1, -1), 0.0, 16, 2),
+    ("fp16", 3, 3, 6, 2, 40, 150, True, (50, -1), 0.0, 32, 4),
+    ("bf16", 2, 2, 4, 2, 96, 113, False, (-1, -1), 30.0, 48, 0),
+    ("fp16", 2, 16, 2, 1, 64, 239, True, (-1, -1), 0.0, 16, 1),
+    ("bf16", 2, 5, 4, 2, 72, 160, False, (20, 7), 0.0, 0, 5),
+]
+
+
+def _name(c):
+    dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = c
+    return (f"{dt}_b{B}_sq{sq}_h{hq}x{hkv}_hd{d}_cap{cap}{'_causal' if causal else ''}"
+            f"{'_w%dx%d' % window if window != (-1, -1) else ''}{'_cap%g' % softcap if softcap else ''}"
+            f"{'_page%d' % page if page else ''}_s{splits}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_name(c) for c in CASES])
+def test_decode_kernel_against_float64(case):
+    dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = case
+    dtype = DTYPES[dt]
+    mask, wl, wr = mask_kind(causal, window)
+    spec = KernelSpec("decode", dt, "sm80", d, d, hq // hkv, mask, softcap > 0, False)
+    mod = loader.load(spec)
+    k_cache, v_cache, table = make_cache(B, cap, hkv, d, dtype, page, seed=1)
+    q, = random_inputs((B, sq, hq, d), dtype=dtype, seed=2, mults=[3.0 if softcap else 1.0])
+    capacity = table.shape[1] * page if page else cap
+    lens = [1] + [int(x) for x in torch.randint(sq, capacity + 1, (B - 1,), generator=torch.Generator().manual_seed(3))]
+    lens[-1] = capacity  # a full row
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    cfg = fd.DecodeConfig(32, 4, 1, splits)
+    n, split_len = fd.splits(cfg, B, hkv, capacity, 2)
+    out = torch.full((B, sq, hq, d), float("nan"), dtype=dtype)
+    lse = torch.full((B, hq, sq), float("nan"))
+    op_shape, lp_shape = fd.partial_shapes(B, hkv, n, fd.rows_tile(hq // hkv, sq), d)
+    op, lp = torch.full(op_shape, float("nan")), torch.full(lp_shape, float("nan"))
+    scale = 1.0 / math.sqrt(d)
+    margs = MaskArgs(scale, softcap, wl, wr, False)
+    for la in fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp, margs, cfg, n, split_len,
+                                 seqlens, table):
+        la.run()
+    kr, vr = rows_view(k_cache, table, B), rows_view(v_cache, table, B)
+    o64, l64 = reference(q, kr, vr, lens, causal, window, softcap, scale)
+    opt, _ = reference(q, kr, vr, lens, causal, window, softcap, scale, upcast=False)
+    assert_flash_rule(_name(case), out, o64, opt, 2.0)
+    assert_lse_close(_name(case) + " lse", lse, l64)
+    if splits > 1:
+        assert 1 < n <= splits  # forced: that many slices, fewer when block_n rounding covers the keys sooner
+
+
+def test_splits_come_from_shapes_only():
+    """The split count and length follow batch, KV heads, capacity and SMs; every key is covered."""
+    cfg = fd.DecodeConfig(64, 4, 2)
+    for B, hkv, cap, sms in [(1, 8, 32768, 132), (8, 8, 32768, 132), (64, 8, 4096, 132), (1, 1, 100, 132),
+                             (4, 2, 1000, 2)]:
+        n, length = fd.splits(cfg, B, hkv, cap, sms)
+        assert 1 <= n <= fd.MAX_SPLITS and length % 64 == 0 and n * length >= cap and (n - 1) * length < cap
+        assert length >= min(fd.MIN_SPLIT_KEYS, -(-cap // 64) * 64) or n == 1
+    assert fd.splits(cfg, 1, 8, 32768, 132)[0] >= 16  # one row of a long cache fills the GPU
+    assert fd.splits(cfg, 64, 8, 4096, 132)[0] == 1  # 512 programs already
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_attention_with_kvcache_appends_in_place(paged):
+    """New k / v land in the cache at cache_seqlens (pages through the block table) and the same
+    call attends to them; cache_seqlens is not changed; rows of other positions stay as they were."""
+    B, hq, hkv, d, cap, page = 3, 4, 2, 64, 96, 16
+    dtype = torch.bfloat16
+    k_cache, v_cache, table = make_cache(B, cap, hkv, d, dtype, page if paged else 0, seed=5)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    q, k_new, v_new = random_inputs((B, 2, hq, d), (B, 2, hkv, d), (B, 2, hkv, d), dtype=dtype, seed=6)
+    seqlens = torch.tensor([0, 17, 94], dtype=torch.int32)
+    with torch.no_grad():
+        out, lse = attngen.attention_with_kvcache(q, k_cache, v_cache, seqlens, k=k_new, v=v_new, block_table=table,
+                                                  return_lse=True)
+    assert seqlens.tolist() == [0, 17, 94]
+    kr, vr = rows_view(k_cache, table, B), rows_view(v_cache, table, B)
+    kb, vb = rows_view(before_k, table, B), rows_view(before_v, table, B)
+    for b, s in enumerate(seqlens.tolist()):
+        assert torch.equal(kr[b, s:s + 2], k_new[b]) and torch.equal(vr[b, s:s + 2], v_new[b])
+        keep = torch.ones(kr.shape[1], dtype=torch.bool)
+        keep[s:s + 2] = False
+        assert torch.equal(kr[b][keep], kb[b][keep]) and torch.equal(vr[b][keep], vb[b][keep])
+    lens = [s + 2 for s in seqlens.tolist()]
+    o64, l64 = reference(q, kr, vr, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
+    opt, _ = reference(q, kr, vr, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
+    assert_flash_rule("append", out, o64, opt, 2.0)
+    assert_lse_close("append lse", lse, l64)
+
+
+def test_dense_attention_with_a_short_query_runs_the_decode_family():
+    """attention() with Sq <= 16 on a long KV goes to the decode kernels (bhsd and bshd), the LSE in
+    the forward's layout; its gradient comes from the backward family."""
+    B, hq, hkv, sq, sk, d = 2, 8, 2, 3, 700, 64
+    q, k, v, dout = random_inputs((B, hq, sq, d), (B, hkv, sk, d), (B, hkv, sk, d), (B, hq, sq, d),
+                                  dtype=torch.float16, seed=7)
+    info = attngen.explain(q, k, v, causal=True)
+    assert [la["entry"] for la in info["launches"]][0] == "_attn_decode", info["launches"]
+    out, lse = attngen.attention(q, k, v, causal=True, return_lse=True)
+    o64, l64 = attention_ref(q, k, v, causal=True)
+    opt, _ = attention_ref(q, k, v, causal=True, upcast=False)
+    assert_flash_rule("dense decode", out, o64, opt, 2.0)
+    assert_lse_close("dense decode lse", lse, l64)
+    out_s = attngen.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True, layout="bshd")
+    assert torch.equal(out_s.transpose(1, 2), out)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    grads = torch.autograd.grad(attngen.attention(*leaves, causal=True), leaves, dout)
+    from attngen.testing import check_grads
+
+    check_grads("dense decode", lambda q, k, v, upcast: attention_ref(q, k, v, causal=True, upcast=upcast)[0],
+                (q, k, v), dout, grads)
+
+
+def test_torch_compile_fullgraph_kvcache():
+    """The custom op declares the mutated caches: a compiled call appends and attends as eager does."""
+    B, hq, hkv, d, cap = 2, 4, 1, 32, 64
+    k_cache, v_cache, _ = make_cache(B, cap, hkv, d, torch.float16, 0, seed=8)
+    q, k_new, v_new = random_inputs((B, 1, hq, d), (B, 1, hkv, d), (B, 1, hkv, d), dtype=torch.float16, seed=9)
+    seqlens = torch.tensor([5, 40], dtype=torch.int32)
+
+    def fn(q, kc, vc, s, kn, vn):
+        return attngen.attention_with_kvcache(q, kc, vc, s, k=kn, v=vn)
+
+    kc1, vc1, kc2, vc2 = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
+    with torch.no_grad():
+        out = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, kc1, vc1, seqlens, k_new, v_new)
+        ref = fn(q, kc2, vc2, seqlens, k_new, v_new)
+    assert torch.equal(out, ref) and torch.equal(kc1, kc2) and torch.equal(vc1, vc2)
+    assert torch.equal(kc1[0, 5], k_new[0, 0]) and torch.equal(vc1[1, 40], v_new[1, 0])
+
+
+BAD = [
+    (dict(q=(2, 17, 4, 64)), "q: 17 query tokens"),
+    (dict(block_table="float"), "block_table: expected an int32"),
+    (dict(page=24), "page size 24 is not a multiple of 16"),
+    (dict(seqlens="int64"), "cache_seqlens: expected an int32"),
+    (dict(k_only=True), "k, v: pass both"),
+    (dict(no_seqlens_new=True), "cache_seqlens: required with new k / v"),
+    (dict(v_heads=3), "v_cache: shape"),
+    (dict(num_splits=-1), "num_splits: must be an int"),
+    (dict(grad=True), "inference only"),
+]
+
+
+@pytest.mark.parametrize("change,message", BAD, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(BAD)])
+def test_bad_input_names_the_argument(change, message):
+    B, hq, hkv, d, page = 2, 4, 2, 64, change.get("page", 16)
+    q = torch.randn(*change.get("q", (B, 1, hq, d)), dtype=torch.float16)
+    k_cache = torch.randn(6, page, hkv, d, dtype=torch.float16)
+    v_cache = torch.randn(6, page, change.get("v_heads", hkv), d, dtype=torch.float16)
+    table = torch.tensor([[0, 1, 2], [3, 4, 5]], dtype=torch.float32 if change.get("block_table") else torch.int32)
+    seqlens = torch.tensor([3, 9], dtype=torch.int64 if change.get("seqlens") else torch.int32)
+    kw = {"block_table": table}
+    if change.get("k_only"):
+        kw["k"] = torch.randn(B, 1, hkv, d, dtype=torch.float16)
+    if change.get("no_seqlens_new"):
+        kw.update(k=torch.randn(B, 1, hkv, d, dtype=torch.float16), v=torch.randn(B, 1, hkv, d, dtype=torch.float16))
+        seqlens = None
+    if "num_splits" in change:
+        kw["num_splits"] = change["num_splits"]
+    if change.get("grad"):
+        q.requires_grad_(True)
+    with pytest.raises(ValueError, match=message):
+        attngen.attention_with_kvcache(q, k_cache, v_cache, seqlens, **kw)
