@@ -60,6 +60,10 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
         "why": why, "launches": launched, "programs": launched[0]["programs"] if launched else 0,
         "offsets_64bit": any(r["offsets_64bit"] for r in launched), "mask": opts.mask,
         "layout": layout,
+        # the decode family (a short query on a long KV): slices of the key axis per (batch row,
+        # KV head) and keys per slice, from shapes only
+        **({"splits": {"num_splits": plan.num_splits, "split_len": plan.split_len}}
+           if plan.spec.family == "decode" else {}),
         "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
                      "config": bwd_cfg.as_dict(), "config_source": bwd_source,
                      "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
