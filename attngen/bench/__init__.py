@@ -46,8 +46,9 @@ _MEASURING = {"mode": "fwd", "cases": None, "providers": None, "out": None, "dty
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both"), default="fwd",
-                   help="forward only, forward+backward, or both (default: fwd)")
+    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both", "decode"), default="fwd",
+                   help="forward only, forward+backward, or both (TFLOP/s); decode: one query token on a "
+                        "KV cache, GB/s of K and V read (attngen.bench.decode) (default: fwd)")
     p.add_argument("--cases", default=None,
                    help=f"comma-separated case names (default: all): {', '.join(CASES_BY_NAME)}")
     p.add_argument("--providers", default=None,
@@ -101,6 +102,10 @@ def _redraw(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.mode == "decode":
+        from attngen.bench import decode
+
+        return decode.main_args(args)
     if getattr(args, "from_json", None):
         return _redraw(args)
     plot_path = getattr(args, "plot", None)

@@ -20,6 +20,7 @@ from attngen.spec import KernelSpec
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
 MAX_SPLITS = 128
 MIN_SPLIT_KEYS = 256  # a slice shorter than this costs more in its partial write than it saves
+PROGRAMS_PER_SM = 2  # splits() aims at this many programs per SM
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,15 @@ def rows_tile(gqa: int, seqlen_q: int) -> int:
 
 def splits(cfg: DecodeConfig, batch: int, kv_heads: int, capacity: int, sms: int) -> tuple[int, int]:
     """(num_splits, split_len) of a call: shapes only. `capacity`: the most keys a row can hold
-    (the cache's S_max, or max pages x page size). From shapes: enough programs for two per SM,
+    (the cache's S_max, or max pages x page size). From shapes: PROGRAMS_PER_SM programs per SM,
     no slice under MIN_SPLIT_KEYS keys; split_len a multiple of block_n."""
+    target = PROGRAMS_PER_SM * sms
     capacity = max(capacity, 1)
     if cfg.num_splits:
         n = cfg.num_splits
     else:
         programs = max(batch * kv_heads, 1)
-        n = min(-(-2 * sms // programs), -(-capacity // MIN_SPLIT_KEYS), MAX_SPLITS)
+        n = min(-(-target // programs), -(-capacity // MIN_SPLIT_KEYS), MAX_SPLITS)
     n = max(1, min(n, -(-capacity // cfg.block_n)))
     split_len = -(-(-(-capacity // n)) // cfg.block_n) * cfg.block_n
     return -(-capacity // split_len), split_len
