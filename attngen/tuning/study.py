@@ -139,7 +139,7 @@ class Study:
 
         try:
             self.problem = problem_for(self.t.entry, self.t.spec, self.t.bucket)
-            self.bench = Objective(self.problem, self.tuner.torch_device(), timer=self.tuner.timer,
+            self.bench = Objective(self.t.spec, self.problem, self.tuner.torch_device(), timer=self.tuner.timer,
                                    seed=self.opts.seed)
         except Exception as exc:  # e.g. the inputs do not fit the GPU
             self.report.skipped = (f"cannot set up the measurement: {type(exc).__name__}: "

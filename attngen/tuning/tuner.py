@@ -103,7 +103,7 @@ class Tuner:
                 if (t.spec.uri, t.template_hash, schema.config_json(c)) not in self._compiled]
         if not todo or len(todo) > n * min(len(todo), budget * self._studies_left):
             return
-        counts = precompile(problem, todo, self.torch_device(), n, deadline)
+        counts = precompile(t.spec, problem, todo, self.torch_device(), n, deadline)
         self._compiled.update((t.spec.uri, t.template_hash, schema.config_json(c)) for c in todo)
         stopped = f", stopped: {counts['stopped']}" if counts["stopped"] else ""
         self.progress.say(f"  compiled {counts['compiled']} of {counts['configs']} configs ahead in "

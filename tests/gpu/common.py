@@ -1,6 +1,6 @@
 """Shapes, inputs, chunked references and summary records shared by the GPU tests.
 
-The references are attngen.testing's: `chunked_ref` runs it over query-row chunks so that GPU-sized
+The references are attngen.problem's: `chunked_ref` runs it over query-row chunks so that GPU-sized
 cases stay within bounded memory (the float64 scores of an 8192 x 8192 case are 512 MiB per head).
 upcast=True gives the float64 answer for the given fp16/bf16 inputs; upcast=False plain PyTorch in
 the inputs' precision, the yardstick of the flash-attn rule.
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.testing import attention_ref, keep_mask, random_inputs
+from attngen.problem import attention_ref, keep_mask, random_inputs
 
 BF16, FP16 = torch.bfloat16, torch.float16
 DEVICE = "cuda"
@@ -59,7 +59,7 @@ class Shape:
 
 def make_inputs(s: Shape, salt: str = "") -> tuple[torch.Tensor, ...]:
     """Fresh N(0, 1) q, k, v, dout (B, H, S, D) in s.dtype, seeded from the case id
-    (attngen.testing.random_inputs, the suites' one input maker)."""
+    (attngen.problem.random_inputs, the suites' one input maker)."""
     seed = zlib.crc32((salt + s.id).encode())
     return tuple(random_inputs((s.B, s.Hq, s.Sq, s.D), (s.B, s.Hkv, s.Sk, s.D), (s.B, s.Hkv, s.Sk, s.D),
                                (s.B, s.Hq, s.Sq, s.D), dtype=s.dtype, device=DEVICE, seed=seed,
@@ -68,7 +68,7 @@ def make_inputs(s: Shape, salt: str = "") -> tuple[torch.Tensor, ...]:
 
 def chunked_ref(q, k, v, *, upcast: bool, causal=False, window_size=(-1, -1), softcap=0.0,
                 scale=None, top_left=False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of attngen.testing.attention_ref, computed over chunks of query rows."""
+    """(out, lse) of attngen.problem.attention_ref, computed over chunks of query rows."""
     B, Hq, Sq, _ = q.shape
     Sk = k.shape[2]
     keep = keep_mask(Sq, Sk, causal, window_size, top_left, device=q.device)

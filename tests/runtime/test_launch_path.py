@@ -17,7 +17,8 @@ from attngen.kernels import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID, needs_int64, programs
 from attngen.runtime import api, loader
 from attngen.spec import KernelSpec
-from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
+from attngen.problem import attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, check_grads
 from attngen.configs import FwdConfig
 
 ROOT = Path(__file__).resolve().parents[2]

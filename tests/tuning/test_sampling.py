@@ -112,7 +112,7 @@ def test_precompile_launches_every_config_in_worker_processes():
     problem = obj.problem_for(e, spec, parse_bucket("q32_k32_bh4"))
     cfgs = [dataclasses.asdict(space.FwdConfig(16, 16, 4, 1)), dataclasses.asdict(space.FwdConfig(32, 16, 4, 1)),
             dataclasses.asdict(space.FwdConfig(48, 16, 4, 1))]  # no power of two: fails
-    counts = precompile(problem, cfgs, "cpu", 2)
+    counts = precompile(spec, problem, cfgs, "cpu", 2)
     assert counts["configs"] == 3 and counts["stopped"] is None
     assert (counts["compiled"], counts["failed"]) == (2, 1)
-    assert precompile(problem, [], "cpu", 2)["compiled"] == 0
+    assert precompile(spec, problem, [], "cpu", 2)["compiled"] == 0

@@ -405,7 +405,7 @@ def test_compile_ahead_takes_the_unmeasured_valid_configs_when_that_is_quicker(t
 
     calls = []
 
-    def fake_precompile(problem, configs, device, workers, deadline=None):
+    def fake_precompile(spec, problem, configs, device, workers, deadline=None):
         calls.append((configs, workers))
         return {"configs": len(configs), "compiled": len(configs), "failed": 0, "seconds": 0.0,
                 "stopped": None}
