@@ -114,6 +114,7 @@ class Study:
         self.walk = None if self.opts.sampler == "grid" else valid_space(target.spec, self.space)
         self.repeat_rng = random.Random(self.seed)
         self.cap = 10 * self.budget + 50  # Optuna trials, counting re-proposals of known configs
+        self.trials_seen = 0  # Optuna trials of the study, read back when the search starts
         self.problem = self.bench = None
 
     def run(self, index: int, total: int) -> TargetReport:
