@@ -39,7 +39,6 @@ from attngen.buckets import ShapeBucket
 
 FWD_FACTOR, BWD_FACTOR, ATOL = 2.0, 3.0, 1e-5
 REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 Timer = Callable[..., float]  # timer(step, config: dict, problem: attngen.problem.Problem) -> ms
 
@@ -115,7 +114,7 @@ class Objective:
         self.family = self.spec.family
         self.device = torch.device(device)
         self.timer = timer or timing.do_bench_median
-        self.dtype = DTYPES[self.spec.dtype]
+        self.dtype = problem.torch_dtype
         self.kind = "cpu" if env.interpreting() else self.device.type
         if env.interpreting():
             from attngen.interp import patch_interpreter
