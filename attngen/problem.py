@@ -219,20 +219,33 @@ class Problem:
             oq, ok = oq + a, ok + b
         return keep
 
-    def reference(self, q, k, v, upcast: bool = True):
+    def reference(self, q, k, v, upcast: bool = True, max_scores: int | None = None):
         """(out, lse) of attention_ref for inputs in the problem's layout: out in that layout, lse
         (B, Hq, Sq), or (Hq, tokens) when packed. Differentiable (autograd gives the reference
-        gradients)."""
+        gradients). max_scores bounds the score elements (float64 temporaries) of one step: dense
+        layouts then run over chunks of query rows."""
         kw = dict(softcap=self.softcap, scale=self.softmax_scale, upcast=upcast)
         if self.packed:
             t = lambda x: x.transpose(0, 1).unsqueeze(0)  # (T, H, D) -> (1, H, T, D)
             out, lse = attention_ref(t(q), t(k), t(v), keep=self.keep(q.device), **kw)
             return out[0].transpose(0, 1), lse[0]
-        kw.update(causal=self.causal, window_size=self.window, top_left=self.top_left)
         if self.layout == "bshd":
-            out, lse = attention_ref(*(x.transpose(1, 2) for x in (q, k, v)), **kw)
+            out, lse = self._dense_reference(*(x.transpose(1, 2) for x in (q, k, v)), kw, max_scores)
             return out.transpose(1, 2), lse
-        return attention_ref(q, k, v, **kw)
+        return self._dense_reference(q, k, v, kw, max_scores)
+
+    def _dense_reference(self, q, k, v, kw: dict, max_scores: int | None):
+        B, Hq, Sq, _ = q.shape
+        keep = self.keep(q.device)
+        rows = Sq if not max_scores else max(1, max_scores // max(1, B * Hq * k.shape[2]))
+        if rows >= Sq:
+            return attention_ref(q, k, v, keep=keep, **kw)
+        outs, lses = [], []
+        for r0 in range(0, Sq, rows):
+            o, lse = attention_ref(q[:, :, r0:r0 + rows], k, v, keep=keep[r0:r0 + rows], **kw)
+            outs.append(o)
+            lses.append(lse)
+        return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
     def as_dict(self) -> dict:
         """The shape as the tuning database records it."""
