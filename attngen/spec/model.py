@@ -32,7 +32,6 @@ class SpecError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
-
 @dataclass(frozen=True)
 class KernelSpec:
     """One concrete kernel. Equal specs generate byte-identical code."""
@@ -168,7 +167,6 @@ class SpecFile:
 
     def kernel_specs(self) -> list[KernelSpec]:
         return [k for e in self.entries for k in e.kernel_specs()]
-
 
 
 def _is_int(v: Any) -> bool:

@@ -25,7 +25,6 @@ def config_text(config: dict, family: str | None = None) -> str:
     return " ".join(f"{SHORT.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in config.items())
 
 
-
 class Progress:
     """Plain lines (logs, tests, workers); RichProgress draws bars when stdout is a terminal."""
 
@@ -112,7 +111,6 @@ class TargetReport:
                 f"{self.default_tflops:.4g} TFLOP/s") if self.default_ms else ""
         return (f"{self.measured} measured; winner {self.best_ms:.4f} ms {self.best_tflops:.4g} "
                 f"TFLOP/s {config_text(self.best_config, self.target.spec.family)}{gain}")
-
 
 
 def summary(reports: list[TargetReport], seconds: float, opts) -> None:

@@ -34,7 +34,6 @@ class TuneError(RuntimeError):
     """A problem found before or while tuning; one line for the user (exit code 2)."""
 
 
-
 # ------------------------------------------------------------------------------------------------
 # What to tune
 
@@ -143,7 +142,6 @@ def plan(opts: TuneOptions) -> list[Target]:
                         f"{profile.target} in {', '.join(map(str, files))}"
                         + (f" matches --kernels {opts.kernels!r}" if opts.kernels else ""))
     return targets
-
 
 
 def load_ref(ref: str) -> Callable:

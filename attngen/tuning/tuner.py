@@ -44,6 +44,9 @@ from attngen.tuning.targets import SAMPLERS, Target, TuneError, TuneOptions, loa
 
 
 class Tuner:
+    """One process's tuning run: checks the device, prepares the studies (preflight), runs each
+    planned study (study.Study) and compiles configs ahead for them."""
+
     def __init__(self, opts: TuneOptions, timer=None, probe=None, progress: Progress | None = None):
         self.opts = opts
         self.timer = timer if timer is not None else (load_ref(opts.timer_ref) if opts.timer_ref else None)
@@ -131,8 +134,9 @@ class Tuner:
             storage.remove_session()
             storage.engine.dispose()
 
-
+    # -- the run --
     def run(self) -> list[TargetReport]:
+        """Every planned study in order, until the deadline; one report each."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -161,7 +165,6 @@ class Tuner:
             storage.engine.dispose()
             store.close()
         return reports
-
 
 
 class Interrupt:
