@@ -1,77 +1,10 @@
-"""Reference attention and the flash-attn accuracy rule, shared by the CPU and GPU test suites and
-the benchmark's output check."""
+"""The flash-attn accuracy rule (and its gradient form), shared by the CPU and GPU test suites, the
+tuner's objective and the benchmark's output check. The reference and the inputs it is checked on
+are attngen.problem's."""
 
 from __future__ import annotations
 
-import math
-
 import torch
-
-
-def keep_mask(seqlen_q: int, seqlen_k: int, causal: bool, window_size=(-1, -1),
-              top_left: bool = False, device=None) -> torch.Tensor:
-    """(Sq, Sk) bool: which (query, key) pairs attend, flash-attn conventions."""
-    left, right = window_size
-    if causal:
-        right = 0
-    i = torch.arange(seqlen_q, device=device)[:, None] + (0 if top_left else seqlen_k - seqlen_q)
-    j = torch.arange(seqlen_k, device=device)[None, :]
-    keep = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if right >= 0:
-        keep &= j <= i + right
-    if left >= 0:
-        keep &= j >= i - left
-    return keep
-
-
-def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-                  top_left=False, upcast=True, keep=None):
-    """Plain PyTorch attention on (B, H, S, D) tensors; returns (out, lse).
-
-    upcast=True computes in float64 (the reference); upcast=False computes in the inputs' precision
-    the way a straightforward PyTorch implementation would (scores and P@V in the input dtype,
-    softmax in fp32), which sets the error budget of the flash-attn rule. Fully masked rows give 0
-    and lse -inf.
-    """
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.double(), k.double(), v.double()
-    B, Hq, Sq, D = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    k = k.repeat_interleave(Hq // Hkv, dim=1)
-    v = v.repeat_interleave(Hq // Hkv, dim=1)
-    scale = scale if scale is not None else 1.0 / math.sqrt(D)
-    s = torch.matmul(q * scale if not upcast else q, k.transpose(-1, -2))
-    if upcast:
-        s = s * scale
-    s = s.float() if not upcast else s
-    if softcap > 0:
-        s = softcap * torch.tanh(s / softcap)
-    if keep is None:
-        keep = keep_mask(Sq, Sk, causal, window_size, top_left, device=q.device)
-    s = s.masked_fill(~keep, float("-inf"))
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    if not upcast:
-        p = p.to(dtype)
-    out = torch.matmul(p, v)
-    return out.to(dtype) if not upcast else out, lse
-
-
-def random_inputs(*shapes, dtype: torch.dtype, device="cpu", seed: int = 0, mults=None,
-                  requires_grad: bool = False) -> list[torch.Tensor]:
-    """Fresh N(0, 1) tensors of the given shapes (never zeros), drawn in fp32 from one seeded
-    generator on `device` and rounded to `dtype`; mults[i] scales the i-th (e.g. q, so that
-    softcapped scores reach tanh's bend). The one input maker of the CPU and GPU suites."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    out = []
-    for i, shape in enumerate(shapes):
-        t = torch.randn(tuple(shape), generator=g, device=device, dtype=torch.float32)
-        if mults is not None and mults[i] != 1.0:
-            t = t * mults[i]
-        t = t.to(dtype)
-        out.append(t.requires_grad_(True) if requires_grad else t)
-    return out
 
 
 def check_grads(name: str, fn, inputs, dout: torch.Tensor, grads, factor: float = 3.0,

@@ -40,8 +40,8 @@ from attngen.bench.cases import FWDBWD_FLOP_FACTOR
 from attngen.bench.report import git_commit
 from attngen.kernels import bwd as kbwd
 from attngen.kernels import fwd as kfwd
-from attngen.runtime import api, loader, plan
-from attngen.runtime import validate
+from attngen.problem import Problem
+from attngen.runtime import api, loader, plan, validate
 from attngen.runtime.plans import CompiledLaunch
 from attngen.configs import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
 
@@ -51,8 +51,9 @@ BWD_FACTOR = FWDBWD_FLOP_FACTOR - 1.0  # backward FLOPs per forward FLOP
 
 
 def causal_flops(batch: int, heads: int, seqlen: int, head_dim: int) -> float:
-    """Forward FLOPs of causal attention: 4 * D per (query, key) pair and head, half the pairs."""
-    return 4.0 * batch * heads * seqlen * seqlen * head_dim / 2
+    """Forward FLOPs of causal attention: 4 * D per (query, key) pair and head, half the pairs (the
+    benchmark convention of attngen.problem.Problem.flops)."""
+    return Problem(batch, heads, heads, seqlen, seqlen, head_dim, head_dim, causal=True).flops(exact=False)
 
 
 def bench_ms(fn, rep: int = 100) -> float:

@@ -80,9 +80,9 @@ main() {
   budget() {
     python3 - "$1" "$2" <<'PY'
 import sys
-from attngen.tuning import tuner
-t = tuner.plan(tuner.TuneOptions(device="h100", specs=[sys.argv[1]], kernels=sys.argv[2]))[0]
-print(max(1, int(0.3 * tuner.valid_count(t.spec, tuner.space_for(t.spec)))))
+from attngen.tuning import targets
+t = targets.plan(targets.TuneOptions(device="h100", specs=[sys.argv[1]], kernels=sys.argv[2]))[0]
+print(max(1, int(0.3 * targets.valid_count(t.spec, targets.space_for(t.spec)))))
 PY
   }
   local BL BG

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attngen import bench
+from attngen.problem import attended_pairs
 from attngen.cli import make_parser
 
 WINDOWS = [(-1, -1), (0, 0), (3, 0), (2, 5), (-1, 4), (6, -1), (0, -1), (40, 40)]
@@ -52,7 +53,7 @@ def mask_count(seqlen: int, doc_lens: tuple[int, ...], causal: bool, window: int
 @pytest.mark.parametrize("top_left", [False, True])
 def test_attended_pairs_matches_brute_force(sq, sk, causal, top_left):
     for window in WINDOWS:
-        got = bench.attended_pairs(sq, sk, causal, window, top_left)
+        got = attended_pairs(sq, sk, causal, window, top_left)
         want = brute_pairs(sq, sk, causal, window, top_left)
         assert got == want, (f"attended_pairs({sq}, {sk}, causal={causal}, window={window}, "
                              f"top_left={top_left}) = {got}, brute force counts {want}")

@@ -48,9 +48,9 @@ def test_unknown_family_is_a_clear_error():
 
 def test_tune_offers_the_registered_families():
     from attngen.cli import make_parser
-    from attngen.tuning import tuner
+    from attngen.tuning.targets import TuneOptions
 
-    assert tuner.TuneOptions(device="h100").families == tuple(FAMILIES)
+    assert TuneOptions(device="h100").families == tuple(FAMILIES)
     assert make_parser().parse_args(["tune", "--device", "h100", "--family", "bwd"]).families == ["bwd"]
     with pytest.raises(SystemExit):
         make_parser().parse_args(["tune", "--device", "h100", "--family", "decode"])

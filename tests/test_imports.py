@@ -140,10 +140,11 @@ def test_planning_an_sm90_call_imports_no_jinja2_optuna_or_sqlalchemy():
 
 
 # The layers, bottom first: a package or top-level module imports only from layers below its own
-# (spec -> codegen -> kernels -> runtime, tuning and bench above them). A new package or module
+# (problem -> spec -> codegen -> kernels -> runtime, tuning and bench above them). A new package or module
 # must be placed here.
 LAYERS = [
     {"attngen.env", "attngen._version", "attngen.buckets", "attngen.devices", "attngen.interp"},
+    {"attngen.problem"},
     {"attngen.spec", "attngen.testing"},
     {"attngen.families"},
     {"attngen.configs"},

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attngen.bench.cases import (CASES, CASES_BY_NAME, DTYPE_NAMES, DTYPES, FWDBWD_FLOP_FACTOR, MODES,
-                                 Case, attended_pairs, case_flops, forward_flops)
+                                 Case, case_flops, forward_flops)
 from attngen.bench.providers import (PROVIDERS, PROVIDERS_BY_NAME, REFERENCE, Inputs, Prepared, Provider,
                                      Unsupported)
 from attngen.bench.report import (ResultsError, format_table, header, load_results, results,
@@ -35,7 +35,7 @@ from attngen.bench.run import (OUT_TOLERANCE, TIMING, Row, do_bench_timer, make_
 
 __all__ = [
     "CASES", "CASES_BY_NAME", "DTYPE_NAMES", "DTYPES", "FWDBWD_FLOP_FACTOR", "MODES", "Case",
-    "attended_pairs", "case_flops", "forward_flops", "PROVIDERS", "PROVIDERS_BY_NAME", "REFERENCE",
+    "case_flops", "forward_flops", "PROVIDERS", "PROVIDERS_BY_NAME", "REFERENCE",
     "Inputs", "Prepared", "Provider", "Unsupported", "ResultsError", "format_table", "header",
     "load_results", "results", "write_json", "OUT_TOLERANCE", "TIMING", "Row", "do_bench_timer",
     "make_inputs", "make_step", "run_case", "add_arguments", "main",

@@ -1,4 +1,5 @@
-"""Benchmark cases and FLOP counting (no GPU, no providers): what `attngen bench` measures.
+"""Benchmark cases and FLOP counting (no GPU, no providers): what `attngen bench` measures. Each
+case is an attngen.problem.Problem (Case.problem), which counts the FLOPs.
 
 FLOPs: forward = 2 * (D_qk + D_v) * B * Hq * pairs, where pairs is Sq * Sk for a full mask, half of
 it for a causal mask (the usual convention), and the exact count of attended (query, key) pairs for
@@ -10,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from attngen.problem import Problem
 
 MODES = ("fwd", "fwdbwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -44,6 +47,15 @@ class Case:
         base, extra = divmod(self.seqlen, self.docs)
         return tuple(base + (i < extra) for i in range(self.docs))
 
+    def problem(self, dtype: str = "bf16") -> Problem:
+        """The attention problem: dense (B, H, S, D), or the batch's documents packed."""
+        shape = dict(heads_q=self.heads_q, heads_kv=self.heads_kv, head_dim_qk=self.head_dim,
+                     head_dim_v=self.head_dim, dtype=dtype, causal=self.causal, window=self.window_size)
+        if self.docs:
+            lens = self.doc_lens * self.batch
+            return Problem.packed_documents(lens, lens, **shape)
+        return Problem(batch=self.batch, seqlen_q=self.seqlen, seqlen_k=self.seqlen, **shape)
+
     def describe(self) -> dict:
         return {"B": self.batch, "H": self.heads_q, "Hkv": self.heads_kv, "N": self.seqlen,
                 "D": self.head_dim, "causal": self.causal, "window": self.window, "docs": self.docs}
@@ -65,33 +77,10 @@ CASES: tuple[Case, ...] = (
 CASES_BY_NAME = {c.name: c for c in CASES}
 
 
-def attended_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False,
-                   window_size: tuple[int, int] = (-1, -1), top_left: bool = False) -> int:
-    """Exact number of (query, key) pairs a mask keeps, flash-attn conventions: query i sees keys
-    j with i + off - left <= j <= i + off + right, off = Sk - Sq (bottom-right) or 0 (top-left),
-    a side of -1 unbounded, causal forcing right = 0."""
-    left, right = window_size
-    if causal:
-        right = 0
-    off = 0 if top_left else seqlen_k - seqlen_q
-    total = 0
-    for i in range(seqlen_q):
-        lo = 0 if left < 0 else max(0, i + off - left)
-        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + off + right)
-        if hi >= lo:
-            total += hi - lo + 1
-    return total
-
-
 def forward_flops(case: Case) -> float:
     """Forward FLOPs: 2 * (Dqk + Dv) per (query, key) pair and head; pairs = Sq*Sk (full), half of
     it (plain causal), the exact count (sliding window, documents)."""
-    per_pair = 4 * case.head_dim * case.batch * case.heads_q
-    if case.docs or case.window > 0:
-        pairs = sum(attended_pairs(n, n, case.causal, case.window_size) for n in case.doc_lens)
-        return float(per_pair * pairs)
-    full = per_pair * case.seqlen * case.seqlen
-    return full / 2 if case.causal else float(full)
+    return case.problem().flops(exact=False)
 
 
 def case_flops(case: Case, mode: str) -> float:

@@ -33,11 +33,7 @@ def make_inputs(case: Case, dtype: torch.dtype, device: torch.device, mode: str,
         return torch.randn((B, h, S, D), generator=g, device=device, dtype=dtype)
 
     q, k, v = (rand(h).requires_grad_(grad) for h in (case.heads_q, case.heads_kv, case.heads_kv))
-    offs = [0]
-    for _ in range(B):
-        for n in case.doc_lens:
-            offs.append(offs[-1] + n)
-    cu = torch.tensor(offs, dtype=torch.int32, device=device)
+    cu, _ = case.problem().cu_seqlens(device)  # each sequence's documents, or the sequences
     return Inputs(q, k, v, rand(case.heads_q), cu)
 
 

@@ -1,5 +1,5 @@
 """`attngen tune` and `attngen db show|export|import|migrate|compare`: argument parsing and printing
-only; the work is in attngen.tuning.tuner and attngen.db.store. A problem the user must fix (a GPU
+only; the work is in attngen.tuning (tuner, compare) and attngen.db.store. A problem the user must fix (a GPU
 outside the profile, a corrupt or newer database, an unreachable server, a bad export) is one line
 on stderr and exit code 2, never a traceback."""
 
@@ -130,8 +130,9 @@ def _fail(cmd: str, exc: BaseException) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from attngen.tuning import tuner
+    from attngen.tuning.targets import TuneError, TuneOptions
 
-    opts = tuner.TuneOptions(
+    opts = TuneOptions(
         device=args.device, specs=args.specs, shapes=args.shapes, trials=args.trials,
         timeout=args.timeout, storage=args.storage, resume=args.resume, workers=args.workers,
         sampler=args.sampler, families=tuple(dict.fromkeys(args.families or FAMILIES)),
@@ -144,7 +145,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _fail("tune", "--compile-workers must be >= 0")
     try:
         return tuner.tune(opts)
-    except (tuner.TuneError, schema.TuningDBError) as exc:
+    except (TuneError, schema.TuningDBError) as exc:
         return _fail("tune", exc)
 
 
@@ -164,7 +165,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from attngen.codegen.render import family_template_hash
-    from attngen.tuning.tuner import config_text
+    from attngen.tuning.progress import config_text
     from attngen.db.winners import MIN_GAIN
 
     current = {fam: family_template_hash(fam) for fam in {r.family for r in rows} if fam in FAMILIES}
@@ -244,11 +245,12 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from attngen.tuning import tuner
+    from attngen.tuning.compare import compare
+    from attngen.tuning.targets import TuneError
 
     try:
-        result = tuner.compare(args.exhaustive, args.search, seeds=args.seeds)
-    except (tuner.TuneError, schema.TuningDBError) as exc:
+        result = compare(args.exhaustive, args.search, seeds=args.seeds)
+    except (TuneError, schema.TuningDBError) as exc:
         return _fail("db compare", exc)
     except KeyboardInterrupt:
         print("attngen db compare: interrupted, nothing written", file=sys.stderr)

@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from attngen import env
@@ -33,15 +32,15 @@ from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd, attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec, SpecEntry
-from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask
+from attngen.problem import Problem, attention_ref, keep_mask
+from attngen.testing import assert_flash_rule, assert_lse_close
 from attngen.tuning import timing
 from attngen.buckets import ShapeBucket
 
 FWD_FACTOR, BWD_FACTOR, ATOL = 2.0, 3.0, 1e-5
 REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
-Timer = Callable[..., float]  # timer(step, config: dict, problem: Problem) -> ms
+Timer = Callable[..., float]  # timer(step, config: dict, problem: attngen.problem.Problem) -> ms
 
 
 class DeviceLost(RuntimeError):
@@ -50,60 +49,19 @@ class DeviceLost(RuntimeError):
     process."""
 
 
-@dataclass(frozen=True)
-class Problem:
-    """The concrete shape a bucket is measured on. Dense: batch x heads_q; varlen: `batch` packed
-    documents of seqlen_q / seqlen_k tokens each (the bucket's longest document)."""
-
-    spec: KernelSpec
-    batch: int
-    heads_q: int
-    seqlen_q: int
-    seqlen_k: int
-    causal: bool
-    window: tuple[int, int]  # flash-attn (left, right), -1 = unbounded
-    softcap: float
-    scale: float
-    top_left: bool
-
-    @property
-    def heads_kv(self) -> int:
-        return self.heads_q // self.spec.gqa_ratio
-
-    @property
-    def mask_args(self) -> MaskArgs:
-        mask, wl, wr = mask_kind(self.causal, self.window)
-        return MaskArgs(scale=self.scale, softcap=self.softcap, window_left=wl, window_right=wr,
-                        align_top_left=self.top_left)
-
-    def pairs(self) -> int:
-        """Attended (query, key) pairs of one head of one sequence / document."""
-        left, right = self.window
-        if self.causal:
-            right = 0
-        i = np.arange(self.seqlen_q, dtype=np.int64) + (0 if self.top_left else self.seqlen_k - self.seqlen_q)
-        hi = np.minimum(i + right, self.seqlen_k - 1) if right >= 0 else np.full_like(i, self.seqlen_k - 1)
-        lo = np.maximum(i - left, 0) if left >= 0 else np.zeros_like(i)
-        return int(np.clip(hi - lo + 1, 0, None).sum())
-
-    @property
-    def flops(self) -> float:
-        """2 (Dqk + Dv) per attended pair and head (the forward); the backward counts 2.5 times
-        that (attngen bench's convention). Exact pair counts for every mask."""
-        fwd = 2.0 * (self.spec.head_dim_qk + self.spec.head_dim_v) * self.batch * self.heads_q * self.pairs()
-        return fwd * family_of(self.spec.family).flop_factor
-
-    def as_dict(self) -> dict:
-        return {"batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
-                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "varlen": self.spec.varlen,
-                "causal": self.causal, "window": list(self.window), "softcap": self.softcap,
-                "scale": self.scale, "top_left": self.top_left, "dtype": self.spec.dtype}
+def mask_args(problem: Problem) -> MaskArgs:
+    """The launchers' mask arguments of a problem."""
+    mask, wl, wr = mask_kind(problem.causal, problem.window)
+    return MaskArgs(scale=problem.softmax_scale, softcap=problem.softcap, window_left=wl, window_right=wr,
+                    align_top_left=problem.top_left)
 
 
 def problem_for(entry: SpecEntry, spec: KernelSpec, bucket: ShapeBucket) -> Problem:
     """The shape measured for `bucket`: Sq, Sk as the bucket says; batch x heads = the bucket's
     B*H class, with the entry's query-head count where it divides it (else fewer heads, a multiple
-    of the GQA ratio); the entry's window, softcap, scale and causal alignment."""
+    of the GQA ratio); the entry's window, softcap, scale and causal alignment. Dense: batch x
+    heads_q; varlen: `batch` packed documents of seqlen_q / seqlen_k tokens each (the bucket's
+    longest document)."""
     if bucket.decode:
         raise ValueError(f"{bucket.key}: the decode bucket (Sq = 1) belongs to the split-KV family")
     gqa = spec.gqa_ratio
@@ -118,10 +76,12 @@ def problem_for(entry: SpecEntry, spec: KernelSpec, bucket: ShapeBucket) -> Prob
         causal, window = True, (entry.window - 1, 0)
     else:
         causal, window = inner == "causal", (-1, -1)
-    p = Problem(spec=spec, batch=batch, heads_q=heads, seqlen_q=bucket.seqlen_q,
-                seqlen_k=bucket.seqlen_k, causal=causal, window=window, softcap=entry.softcap,
+    p = Problem(batch=batch, heads_q=heads, heads_kv=heads // gqa, seqlen_q=bucket.seqlen_q,
+                seqlen_k=bucket.seqlen_k, head_dim_qk=spec.head_dim_qk, head_dim_v=spec.head_dim_v,
+                dtype=spec.dtype, causal=causal, window=window, softcap=entry.softcap,
                 scale=entry.softmax_scale or 1.0 / math.sqrt(spec.head_dim_qk),
-                top_left=entry.causal_alignment == "top_left")
+                top_left=entry.causal_alignment == "top_left",
+                layout="packed" if spec.varlen else "bhsd")
     mask = mask_kind(causal, window)[0]
     if mask != spec.mask or (entry.softcap > 0) != spec.softcap:
         raise ValueError(f"{spec.uri}: entry {entry.name!r} gives mask {mask!r}, softcap "
@@ -143,24 +103,28 @@ def _error_text(exc: BaseException, limit: int = 2000) -> str:
 
 
 class Objective:
-    """Inputs, reference and launches for one Problem on one device; `run(cfg)` is one trial."""
+    """Inputs, reference and launches of one kernel for one Problem on one device; `run(cfg)` is
+    one trial."""
 
-    def __init__(self, problem: Problem, device: str | torch.device = "cuda",
+    def __init__(self, spec: KernelSpec, problem: Problem, device: str | torch.device = "cuda",
                  timer: Timer | None = None, seed: int = 0, light: bool = False):
         """light: one input set and no reference (tuning/precompile.py launches, never checks)."""
         self.problem = problem
-        self.spec = problem.spec
+        self.spec = spec
         self.family = self.spec.family
         self.device = torch.device(device)
         self.timer = timer or timing.do_bench_median
-        self.dtype = DTYPES[self.spec.dtype]
+        self.dtype = problem.torch_dtype
         self.kind = "cpu" if env.interpreting() else self.device.type
         if env.interpreting():
             from attngen.interp import patch_interpreter
 
             patch_interpreter()
         self.mod = loader.load(self.spec)
-        self.mask = problem.mask_args
+        self.mask = mask_args(problem)
+        # 2 (Dqk + Dv) per attended pair and head (the forward); the backward counts 2.5 times
+        # that (attngen bench's convention). Exact pair counts for every mask.
+        self.flops = problem.flops() * family_of(self.family).flop_factor
         self.fwd_spec = self.spec.replace(family="fwd")
         self.fwd_mod = loader.load(self.fwd_spec) if self.family == "bwd" else None
         first = self._make_set(seed)
@@ -351,7 +315,7 @@ class Objective:
             return Outcome("failed", error=_error_text(exc))
         if not (ms > 0 and math.isfinite(ms)):
             return Outcome("failed", error=f"timer returned {ms!r} ms")
-        return Outcome("ok", time_ms=ms, tflops=self.problem.flops / ms / 1e9)
+        return Outcome("ok", time_ms=ms, tflops=self.flops / ms / 1e9)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -28,11 +28,11 @@ def default_workers() -> int:
     return max(0, min(8, (os.cpu_count() or 1) - 2))
 
 
-def _init(problem, device: str) -> None:
+def _init(spec, problem, device: str) -> None:
     from attngen.tuning.objective import Objective
 
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
-    _WORKER["objective"] = Objective(problem, device, light=True)
+    _WORKER["objective"] = Objective(spec, problem, device, light=True)
 
 
 def _compile(values: dict) -> str | None:
@@ -57,9 +57,9 @@ def _compile(values: dict) -> str | None:
     return None
 
 
-def precompile(problem, configs: list[dict], device: str, workers: int,
+def precompile(spec, problem, configs: list[dict], device: str, workers: int,
                deadline: float | None = None) -> dict:
-    """Launch each config (field -> value dicts) once in `workers` processes. Returns counts:
+    """Launch each config (field -> value dicts) of kernel `spec` on `problem` once in `workers` processes. Returns counts:
     {"configs", "compiled", "failed", "seconds", "stopped"} (stopped: why it ended early, or
     None)."""
     t0 = time.monotonic()
@@ -68,7 +68,7 @@ def precompile(problem, configs: list[dict], device: str, workers: int,
         return counts
     ctx = multiprocessing.get_context("spawn")
     pool = cf.ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx,
-                                  initializer=_init, initargs=(problem, device))
+                                  initializer=_init, initargs=(spec, problem, device))
     futures = [pool.submit(_compile, c) for c in configs]
     try:
         for fut in cf.as_completed(futures, timeout=None if deadline is None

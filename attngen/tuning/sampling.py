@@ -133,7 +133,7 @@ def valid_space(spec: KernelSpec, space_: dict[str, tuple]) -> ValidSpace:
 
 
 def make_sampler(kind: str, space_: dict[str, tuple], budget: int, seed: int):
-    """grid: the sampler behind the enqueued valid configs (tuner._tune_one); tpe: TPE over the ValidSpace walk's parameters
+    """grid: the sampler behind the enqueued valid configs (study.Study); tpe: TPE over the ValidSpace walk's parameters
     (multivariate and grouped: a kernel's knobs are modelled together, apart from another
     kernel's), its first max(3, min(10, budget // 4)) trials random; random: for scale."""
     import optuna

@@ -1,7 +1,7 @@
 """A/B of the packed-document (varlen) kernels on the GPU: pointer kernels against the sm90
 family's TMA kernels over a few launch configs, forward and backward-only, side by side in one
-process (median of triton.testing.do_bench; every result checked first against float32 SDPA run
-document by document on KV head 0 and its query heads).
+process (median of triton.testing.do_bench; every result checked first against attngen.problem's
+reference of the documents on KV head 0 and its query heads).
 
     python3 benchmarks/tools/varlen_ab.py --out varlen_ab.json
     python3 benchmarks/tools/varlen_ab.py --out varlen_ab.json --only bwd --switch doc_guard=zero,desc
@@ -20,12 +20,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import triton
 
 from attngen.kernels.bwd import attn_bwd_varlen
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.fwd import attn_fwd_varlen
+from attngen.problem import Problem
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
 from attngen.configs import WS_BWD_DEFAULT, WS_DEFAULT, BwdConfig, FwdConfig, check_bwd, check_fwd
@@ -50,17 +50,15 @@ BWD = [BwdConfig(64, 64, 4, 2, 128, 64, 8, 3), BwdConfig(64, 64, 4, 2, 128, 64, 
 
 
 def reference(q, k, v, dout, cu, heads):
-    """fp32 SDPA per document on query heads 0..heads-1 (KV head 0): out, dq, dk, dv rows."""
-    outs, grads = [], []
-    for i in range(len(cu) - 1):
-        s = slice(int(cu[i]), int(cu[i + 1]))
-        sub = [q[s, :heads], k[s, :1].expand(-1, heads, -1), v[s, :1].expand(-1, heads, -1)]
-        sub = [t.float().transpose(0, 1).unsqueeze(0).requires_grad_(True) for t in sub]
-        o = F.scaled_dot_product_attention(*sub, is_causal=True)
-        g = torch.autograd.grad(o, sub, dout[s, :heads].float().transpose(0, 1).unsqueeze(0))
-        outs.append(o[0].transpose(0, 1).detach())
-        grads.append([t[0].transpose(0, 1) for t in g])
-    return torch.cat(outs), [torch.cat([g[j] for g in grads]) for j in range(3)]
+    """attngen.problem's float64 reference of the causal documents on query heads 0..heads-1 (KV
+    head 0), as float32: out, and dq, dk, dv (dk / dv of KV head 0, its query heads summed)."""
+    lens = [b - a for a, b in zip(cu[:-1], cu[1:])]
+    problem = Problem.packed_documents(lens, lens, heads_q=heads, heads_kv=1, head_dim_qk=q.shape[2],
+                                       head_dim_v=v.shape[2], causal=True)
+    sub = [t[:, :n].detach().double().requires_grad_(True) for t, n in ((q, heads), (k, 1), (v, 1))]
+    out, _ = problem.reference(*sub)
+    grads = torch.autograd.grad(out, sub, dout[:, :heads].double())
+    return out.detach().float(), [g.float() for g in grads]
 
 
 def main():

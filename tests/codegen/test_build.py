@@ -457,7 +457,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
     from attngen.kernels.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.testing import random_inputs
+    from attngen.problem import random_inputs
     from attngen.configs import WS_DEFAULT, triton_fallback
 
     dense = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
@@ -498,7 +498,7 @@ def _causal_bwd_call(hq: int, hkv: int, seqlen: int, d: int):
     import torch
 
     from attngen.kernels.common import MaskArgs
-    from attngen.testing import random_inputs
+    from attngen.problem import random_inputs
 
     q, k, v, dout = random_inputs((1, hq, seqlen, d), (1, hkv, seqlen, d), (1, hkv, seqlen, d),
                                   (1, hq, seqlen, d), dtype=torch.bfloat16)
@@ -581,7 +581,7 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
     from attngen.kernels.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
-    from attngen.testing import random_inputs
+    from attngen.problem import random_inputs
     from attngen.configs import DOCS_MIN_LEN, EVEN_DOCS, WS_DOCS, default_fwd_config, triton_fallback
 
     spec = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)

@@ -11,9 +11,8 @@ from attngen.cli import main as cli
 from attngen.db import store as dbs
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
-from attngen import configs as space
 from attngen.families import fwd as fwd_family
-from attngen.tuning import tuner
+from attngen.tuning import targets
 
 FAKES = Path(__file__).resolve().parents[1] / "tuning" / "fakes.py"
 URI = "attn_fwd_fp16_hd128_gqa4_causal_sm90"
@@ -32,15 +31,15 @@ def test_tune_into_postgresql(pg_url, monkeypatch, capsys):
         trials = dbs.where_trials(s)
         (w,) = dbs.where_winners(s)
     ok = [t for t in trials if t["status"] == "ok"]
-    sp = tuner.space_for(KernelSpec(**ok[0]["spec"]))
-    assert len({str(t["config"]) for t in ok if tuner.in_space(t["config"], sp)}) == 4  # the budget
+    sp = targets.space_for(KernelSpec(**ok[0]["spec"]))
+    assert len({str(t["config"]) for t in ok if targets.in_space(t["config"], sp)}) == 4  # the budget
     assert w.time_ms == min(t["time_ms"] for t in ok)
     (summary,) = optuna.get_all_study_summaries(pg_url, include_best_trial=False)
     assert summary.n_trials >= 3  # the default config may lie outside this space: measured, not a trial
     assert cli([*argv, "--resume", "--trials", "6"]) == 0  # the later --trials wins
     with dbs.Store(pg_url, "read") as st, st.session() as s:
         measured = {str(t["config"]) for t in dbs.where_trials(s)
-                    if t["status"] != "invalid" and tuner.in_space(t["config"], sp)}
+                    if t["status"] != "invalid" and targets.in_space(t["config"], sp)}
     assert len(measured) == 6
     capsys.readouterr()
     assert cli(["db", "show", "--storage", pg_url]) == 0

@@ -1,7 +1,8 @@
 """Shapes, inputs, chunked references and summary records shared by the GPU tests.
 
-The references are attngen.testing's: `chunked_ref` runs it over query-row chunks so that GPU-sized
-cases stay within bounded memory (the float64 scores of an 8192 x 8192 case are 512 MiB per head).
+The references are attngen.problem's: `chunked_ref` runs Problem.reference over query-row chunks so
+that GPU-sized cases stay within bounded memory (the float64 scores of an 8192 x 8192 case are
+512 MiB per head).
 upcast=True gives the float64 answer for the given fp16/bf16 inputs; upcast=False plain PyTorch in
 the inputs' precision, the yardstick of the flash-attn rule.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.testing import attention_ref, keep_mask, random_inputs
+from attngen.problem import Problem, random_inputs
 
 BF16, FP16 = torch.bfloat16, torch.float16
 DEVICE = "cuda"
@@ -59,7 +60,7 @@ class Shape:
 
 def make_inputs(s: Shape, salt: str = "") -> tuple[torch.Tensor, ...]:
     """Fresh N(0, 1) q, k, v, dout (B, H, S, D) in s.dtype, seeded from the case id
-    (attngen.testing.random_inputs, the suites' one input maker)."""
+    (attngen.problem.random_inputs, the suites' one input maker)."""
     seed = zlib.crc32((salt + s.id).encode())
     return tuple(random_inputs((s.B, s.Hq, s.Sq, s.D), (s.B, s.Hkv, s.Sk, s.D), (s.B, s.Hkv, s.Sk, s.D),
                                (s.B, s.Hq, s.Sq, s.D), dtype=s.dtype, device=DEVICE, seed=seed,
@@ -68,15 +69,8 @@ def make_inputs(s: Shape, salt: str = "") -> tuple[torch.Tensor, ...]:
 
 def chunked_ref(q, k, v, *, upcast: bool, causal=False, window_size=(-1, -1), softcap=0.0,
                 scale=None, top_left=False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of attngen.testing.attention_ref, computed over chunks of query rows."""
-    B, Hq, Sq, _ = q.shape
-    Sk = k.shape[2]
-    keep = keep_mask(Sq, Sk, causal, window_size, top_left, device=q.device)
-    rows = max(1, CHUNK_BYTES // max(1, B * Hq * Sk * 8))
-    outs, lses = [], []
-    for r0 in range(0, Sq, rows):
-        o, lse = attention_ref(q[:, :, r0:r0 + rows], k, v, softcap=softcap, scale=scale,
-                               upcast=upcast, keep=keep[r0:r0 + rows])
-        outs.append(o)
-        lses.append(lse)
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+    """(out, lse) of the (B, H, S, D) inputs' Problem.reference, computed over chunks of query rows."""
+    (B, Hq, Sq, D), (_, Hkv, Sk, _), Dv = q.shape, k.shape, v.shape[-1]
+    problem = Problem(B, Hq, Hkv, Sq, Sk, D, Dv, causal=causal, window=tuple(window_size), softcap=softcap,
+                      scale=scale, top_left=top_left)
+    return problem.reference(q, k, v, upcast=upcast, max_scores=CHUNK_BYTES // 8)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import attngen
-from attngen.testing import attention_ref, check_grads
+from attngen.problem import attention_ref
+from attngen.testing import check_grads
 
 from .common import BF16, FP16, Shape, make_inputs
 

@@ -15,7 +15,8 @@ from attngen.families import decode as fd
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.testing import assert_flash_rule, assert_lse_close, random_inputs
+from attngen.problem import random_inputs
+from attngen.testing import assert_flash_rule, assert_lse_close
 from tests.kernels.test_decode import CASES, DTYPES, _name, reference, rows_view
 
 pytestmark = pytest.mark.gpu

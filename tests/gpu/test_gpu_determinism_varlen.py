@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import attngen
-from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, check_grads, random_inputs
+from attngen.problem import attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, assert_lse_close, check_grads
 
 pytestmark = pytest.mark.gpu
 

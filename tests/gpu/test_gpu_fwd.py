@@ -2,7 +2,7 @@
 
 The flash-attn rule, against a float64 reference of the same inputs:
     max|out - ref64| <= 2 * max|torch_out - ref64| + 1e-5
-where torch_out is plain PyTorch in the inputs' precision (attngen.testing, chunked over query rows
+where torch_out is plain PyTorch in the inputs' precision (attngen.problem, chunked over query rows
 by tests/gpu/common.py). The logsumexp is checked against the float64 one (rtol = atol = 1e-4), rows
 that see no key must give out = 0 and lse = -inf, and nothing may be NaN/inf otherwise.
 """

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attngen
-from attngen.testing import random_inputs
+from attngen.problem import random_inputs
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"

@@ -33,11 +33,10 @@ import pytest
 import torch
 
 import attngen
-from attngen.kernels.common import default_scale
 from attngen.runtime import api, dispatch
 from attngen.spec import KernelSpec
-from attngen.testing import (assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err,
-                             random_inputs)
+from attngen.problem import Problem
+from attngen.testing import assert_flash_rule, assert_lse_close, max_err
 from attngen import configs as space
 from attngen.configs import BwdConfig, FwdConfig
 
@@ -160,6 +159,16 @@ class Case:
     def window_size(self) -> tuple[int, int]:
         return self.window if self.mask == "window" else (-1, -1)
 
+    def problem(self, docs: tuple[list[int], list[int]] | None = None) -> Problem:
+        """The case as an attngen.problem.Problem: batch 2 dense, or the documents `docs` (query
+        lengths, key lengths) packed."""
+        hq, hkv = HEADS[self.heads]
+        shape = dict(heads_q=hq, heads_kv=hkv, head_dim_qk=self.hd, head_dim_v=self.hd, dtype=self.dtype,
+                     causal=self.causal, window=self.window_size, softcap=self.softcap)
+        if self.layout == "packed":
+            return Problem.packed_documents(*docs, **shape)
+        return Problem(2, seqlen_q=self.sq, seqlen_k=self.sk, layout=self.layout, **shape)
+
 
 def _mask_kind(c: Case) -> str:
     return "sliding_window" if c.mask == "window" else ("causal" if c.causal else "none")
@@ -272,36 +281,17 @@ def _poison(nbytes: int, device: str) -> None:
     del t
 
 
-def _ref_packed(q, k, v, lq, lk, c: Case, upcast: bool):
-    """The reference over packed documents: one (1, H, T, D) call with the block-diagonal mask of
-    the documents' own (causal / window) masks."""
-    keep = torch.zeros(sum(lq), sum(lk), dtype=torch.bool, device=q.device)
-    oq = ok = 0
-    for a, b in zip(lq, lk):
-        keep[oq:oq + a, ok:ok + b] = keep_mask(a, b, c.causal, c.window_size, device=q.device)
-        oq, ok = oq + a, ok + b
-    t = lambda x: x.transpose(0, 1).unsqueeze(0)  # (T, H, D) -> (1, H, T, D)
-    out, lse = attention_ref(t(q), t(k), t(v), softcap=c.softcap, upcast=upcast, keep=keep)
-    return out[0].transpose(0, 1), lse[0]
-
-
 def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None:
     """Run case `c` (forward with LSE, backward) on `device` and check it; append its record to
     `records`. The CPU interpreter tests run the pointer paths through it too."""
-    hq, hkv = HEADS[c.heads]
     dtype = DTYPES[c.dtype]
     rng = random.Random(c.seed)
     packed = c.layout == "packed"
     if packed:
         lq, lk = _docs(c, rng)
-        shapes = [(sum(lq), hq, c.hd), (sum(lk), hkv, c.hd), (sum(lk), hkv, c.hd)]
-    else:
-        B = 2
-        shapes = [(B, hq, c.sq, c.hd), (B, hkv, c.sk, c.hd), (B, hkv, c.sk, c.hd)]
-        if c.layout == "bshd":
-            shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
-    q, k, v = random_inputs(*shapes, dtype=dtype, device=device, seed=c.seed,
-                            mults=(4.0 if c.softcap else 1.0, 1.0, 1.0), requires_grad=True)
+    problem = c.problem((lq, lk) if packed else None)
+    q, k, v = problem.make_inputs(device, seed=c.seed, mults=(4.0 if c.softcap else 1.0, 1.0, 1.0),
+                                  requires_grad=True)
     g = torch.Generator(device=device).manual_seed(c.seed + 1)
     kw = dict(causal=c.causal, window_size=c.window_size, softcap=c.softcap)
     forced, target = {}, None
@@ -319,8 +309,7 @@ def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None
             scopes.enter_context(dispatch.forced_target(target))
         scopes.enter_context(dispatch.forced_config(**forced))
         if packed:
-            cu_q = torch.tensor([0, *itertools.accumulate(lq)], dtype=torch.int32, device=device)
-            cu_k = torch.tensor([0, *itertools.accumulate(lk)], dtype=torch.int32, device=device)
+            cu_q, cu_k = problem.cu_seqlens(device)
             out, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), return_lse=True, **kw)
         else:
             out, lse = attngen.attention(q, k, v, layout=c.layout, return_lse=True, **kw)
@@ -332,18 +321,11 @@ def run_case(c: Case, records: list | None = None, device: str = "cuda") -> None
     launched = api.launched()
     ran = [n for n, _ in launched["fwd"] + launched["bwd"]]
 
-    def ref(upcast: bool, *t):
-        if packed:
-            return _ref_packed(*t, lq, lk, c, upcast)
-        views = [x.transpose(1, 2) for x in t] if c.layout == "bshd" else list(t)
-        o, l = attention_ref(*views, scale=default_scale(c.hd), upcast=upcast, **kw)
-        return (o.transpose(1, 2) if c.layout == "bshd" else o), l
-
     leaves64 = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
-    out64, lse64 = ref(True, *leaves64)
+    out64, lse64 = problem.reference(*leaves64)
     g64 = torch.autograd.grad(out64, leaves64, dout.double())
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
-    out_pt, _ = ref(False, *leaves)
+    out_pt, _ = problem.reference(*leaves, upcast=False)
     g_pt = torch.autograd.grad(out_pt, leaves, dout)
 
     ratios, failure = {}, None

@@ -6,13 +6,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from attngen.problem import Problem
 from attngen.spec import KernelSpec
-from attngen.testing import random_inputs
 
 GENERATED = Path(__file__).resolve().parents[2] / "generated"
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 B, HKV = 2, 2
 
 
@@ -53,6 +50,11 @@ class Case:
     top_left: bool = False
     softcap: float = 0.0
 
+    def problem(self, spec: KernelSpec) -> Problem:
+        """The case on a kernel's head dims, dtype and GQA ratio: B x (HKV x gqa) query heads."""
+        return Problem(B, HKV * spec.gqa_ratio, HKV, self.sq, self.sk, spec.head_dim_qk, spec.head_dim_v,
+                       spec.dtype, self.causal, self.window, self.softcap, top_left=self.top_left)
+
     @property
     def name(self) -> str:
         w = f"_w{self.window[0]}x{self.window[1]}" if self.window != (-1, -1) else ""
@@ -75,7 +77,5 @@ def cases_for(spec: KernelSpec) -> list[Case]:
 
 
 def make_qkv(spec: KernelSpec, case: Case, seed: int):
-    """q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) for a kernel and a case (attngen.testing.random_inputs)."""
-    hq = HKV * spec.gqa_ratio
-    return random_inputs((B, hq, case.sq, spec.head_dim_qk), (B, HKV, case.sk, spec.head_dim_qk),
-                         (B, HKV, case.sk, spec.head_dim_v), dtype=DTYPES[spec.dtype], seed=seed)
+    """q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) for a kernel and a case (Problem.make_inputs)."""
+    return case.problem(spec).make_inputs(seed=seed)

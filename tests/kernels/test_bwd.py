@@ -14,7 +14,8 @@ from attngen.kernels.bwd import attn_bwd
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime.loader import load_path
-from attngen.testing import attention_ref, check_grads, random_inputs
+from attngen.problem import random_inputs
+from attngen.testing import check_grads
 from attngen.configs import BwdConfig, FwdConfig
 from tests.kernels import golden
 from tests.kernels.cases import built_kernels, cases_for, make_qkv
@@ -55,9 +56,9 @@ def test_bwd_kernel(spec, path):
     for i, case in enumerate(cases_for(spec)):
         deterministic = i % 2 == 1  # both dQ paths on every kernel
         q, k, v, dout, scale, grads = run_bwd(spec, path, case, 2000 + i, deterministic)
-        kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, scale=scale,
-                  top_left=case.top_left)
-        errs = check_grads(f"{spec.uri}/{case.name}", lambda *t, upcast: attention_ref(*t, upcast=upcast, **kw)[0],
+        problem = case.problem(spec)
+        assert problem.softmax_scale == scale
+        errs = check_grads(f"{spec.uri}/{case.name}", lambda *t, upcast: problem.reference(*t, upcast=upcast)[0],
                            (q, k, v), dout, grads)
         golden.check("bwd", spec.uri, case.name, dict(zip(("dq", "dk", "dv"), grads)),
                      {n: e for n, (e, _) in errs.items()})

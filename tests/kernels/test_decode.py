@@ -17,7 +17,8 @@ from attngen.families import decode as fd
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
-from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, random_inputs
+from attngen.problem import attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, assert_lse_close
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -12,7 +12,7 @@ import torch
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.kernels.fwd import attn_fwd
 from attngen.runtime.loader import load_path
-from attngen.testing import assert_flash_rule, assert_lse_close, attention_ref, keep_mask, max_err
+from attngen.testing import assert_flash_rule, assert_lse_close, max_err
 from attngen.configs import FwdConfig
 from tests.kernels import golden
 from tests.kernels.cases import built_kernels, cases_for, make_qkv
@@ -53,17 +53,17 @@ def config_for(spec, i):
 def test_fwd_kernel(spec, path):
     for i, case in enumerate(cases_for(spec)):
         q, k, v, out, lse, scale = run_case(spec, path, case, seed=1000 + i, cfg=config_for(spec, i))
-        kw = dict(causal=case.causal, window_size=case.window, softcap=case.softcap, scale=scale,
-                  top_left=case.top_left)
-        ref, ref_lse = attention_ref(q, k, v, **kw)
-        pt, _ = attention_ref(q, k, v, upcast=False, **kw)
+        problem = case.problem(spec)
+        assert problem.softmax_scale == scale
+        ref, ref_lse = problem.reference(q, k, v)
+        pt, _ = problem.reference(q, k, v, upcast=False)
         name = f"{spec.uri}/{case.name}"
         err, _ = assert_flash_rule(name, out, ref, pt, factor=2.0)
         assert_lse_close(name, lse, ref_lse)
         fin = torch.isfinite(ref_lse)
         lse_err = max_err(lse[fin], ref_lse[fin])
         # rows the mask leaves empty are exactly zero (never NaN)
-        empty = ~keep_mask(case.sq, case.sk, case.causal, case.window, case.top_left).any(-1)
+        empty = ~problem.keep().any(-1)
         if empty.any():
             assert (out[:, :, empty] == 0).all(), f"{name}: empty rows are not zero"
         golden.check("fwd", spec.uri, case.name, {"out": out, "lse": lse},

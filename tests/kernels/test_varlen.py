@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import attngen
-from attngen.testing import (assert_flash_rule, assert_lse_close, attention_ref, check_grads,
-                             random_inputs)
-from tests.kernels.cases import DTYPES, built_kernels
+from attngen.problem import DTYPES, Problem, random_inputs
+from attngen.testing import assert_flash_rule, assert_lse_close, check_grads
+from tests.kernels.cases import built_kernels
 
 DOC_KERNELS = built_kernels("fwd", varlen=True)
 # the runtime on a CPU runs the sm80 family (its pointer kernels); the sm90 family's TMA kernels
@@ -25,16 +25,14 @@ def cu_seqlens(lens) -> torch.Tensor:
     return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32)
 
 
-def per_doc_reference(q, k, v, cu_q, cu_k, upcast, **kw):
-    """Dense attention document by document (B=1 each): (out (T, H, D), lse (H, T))."""
-    outs, lses = [], []
-    for i in range(len(cu_q) - 1):
-        qs, ks = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
-        as_bhsd = lambda t: t.transpose(0, 1).unsqueeze(0)  # noqa: E731
-        o, lse = attention_ref(as_bhsd(q[qs]), as_bhsd(k[ks]), as_bhsd(v[ks]), upcast=upcast, **kw)
-        outs.append(o[0].transpose(0, 1))
-        lses.append(lse[0])
-    return torch.cat(outs, 0), torch.cat(lses, 1)
+def per_doc_reference(q, k, v, cu_q, cu_k, upcast, causal=False, window_size=(-1, -1), softcap=0.0,
+                      scale=None):
+    """attngen.problem's reference of the packed documents cu_q / cu_k: (out (T, H, D), lse (H, T))."""
+    lens = lambda cu: [int(b) - int(a) for a, b in zip(cu[:-1], cu[1:])]  # noqa: E731
+    p = Problem.packed_documents(lens(cu_q), lens(cu_k), heads_q=q.shape[1], heads_kv=k.shape[1],
+                                 head_dim_qk=q.shape[2], head_dim_v=v.shape[2], causal=causal,
+                                 window=tuple(window_size), softcap=softcap, scale=scale)
+    return p.reference(q, k, v, upcast=upcast)
 
 
 def check_varlen(lens_q, lens_k, hq, hkv, d, dtype, seed, deterministic=False, **kw):

@@ -14,7 +14,8 @@ import torch
 import attngen
 from attngen.kernels.common import MAX_SEQLEN, UNBOUNDED, mask_kind
 from attngen.runtime import validate
-from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
+from attngen.problem import attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, check_grads
 
 ROOT = Path(__file__).resolve().parents[2]
 

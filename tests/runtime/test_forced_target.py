@@ -10,7 +10,8 @@ import torch
 
 import attngen
 from attngen.runtime import api, dispatch
-from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
+from attngen.problem import attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, check_grads
 
 CPU = torch.device("cpu")
 

@@ -19,7 +19,8 @@ from attngen.runtime import api, loader
 from attngen.runtime import validate
 from attngen.runtime import plan as plan_mod
 from attngen.spec import KernelSpec
-from attngen.testing import assert_flash_rule, attention_ref, check_grads, random_inputs
+from attngen.problem import Problem, attention_ref, random_inputs
+from attngen.testing import assert_flash_rule, check_grads
 from attngen.configs import FwdConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -379,10 +380,10 @@ def test_runtime_plans_the_sm90_tma_kernels_for_packed_documents(monkeypatch):
         q_odd = buf[1:1 + q.numel()].view(q.shape).copy_(q)  # 2-byte offset: no TMA
         odd = attngen.attention_varlen(q_odd, k, v, cu, cu, max(lens), max(lens), causal=True)
         assert torch.equal(out.detach(), odd) and len(api._FWD) == 1 and plan._portable is not None
+        docs = Problem.packed_documents(lens, lens, heads_q=4, heads_kv=2, head_dim_qk=64, head_dim_v=64,
+                                        dtype="fp16", causal=True)
         for query, got in ((q, out), (q2, warm)):
-            per_doc = [attention_ref(*(t[a:b].transpose(0, 1).unsqueeze(0) for t in (query, k, v)), causal=True)[0]
-                       for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())]
-            ref = torch.cat([o[0].transpose(0, 1) for o in per_doc])
+            ref, _ = docs.reference(query, k, v)
             torch.testing.assert_close(got.detach().double(), ref, atol=2e-3, rtol=0)
         odd_leaves = [q_odd.requires_grad_(True)] + [t.clone().requires_grad_(True) for t in (k, v)]
         odd_grads = torch.autograd.grad(attngen.attention_varlen(*odd_leaves, cu, cu, max(lens), max(lens),

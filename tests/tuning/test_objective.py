@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attngen.spec import load_spec
-from attngen.testing import keep_mask
+from attngen.problem import Problem, keep_mask
 from attngen.tuning import objective as obj
 from attngen.buckets import parse_bucket
 from attngen.configs import BwdConfig, FwdConfig
@@ -46,7 +46,7 @@ def test_problem_for_bucket_uses_the_entry():
     assert (p.batch, p.heads_q) == (1, 4)
     e, s = entry_and_spec("mistral.yaml", "mistral_7b")
     p = obj.problem_for(e, s, parse_bucket("q8192_k8192_bh32"))
-    assert p.causal and p.window == (4095, 0) and p.mask_args.window_left == 4095
+    assert p.causal and p.window == (4095, 0) and obj.mask_args(p).window_left == 4095
     e, s = entry_and_spec("gemma2.yaml", "gemma2_9b_global")
     p = obj.problem_for(e, s, parse_bucket("q4096_k4096_bh32"))
     assert p.softcap == 50.0 and p.scale == 0.0625
@@ -62,22 +62,26 @@ def test_problem_for_bucket_uses_the_entry():
     (64, 64, True, (15, 0), False), (64, 64, False, (-1, -1), False), (50, 70, False, (7, 3), False)])
 def test_pairs_is_the_exact_count(sq, sk, causal, window, top_left):
     e, s = entry_and_spec("llama.yaml", "llama3_8b")
-    p = obj.Problem(s, 2, 8, sq, sk, causal, window, 0.0, 0.1, top_left)
-    assert p.pairs() == int(keep_mask(sq, sk, causal, window, top_left).sum())
-    assert p.flops == 2 * (128 + 128) * 2 * 8 * p.pairs()
+    p = Problem(2, 8, 8 // s.gqa_ratio, sq, sk, s.head_dim_qk, s.head_dim_v, causal=causal, window=window,
+                scale=0.1, top_left=top_left)
+    assert p.pairs() == 2 * int(keep_mask(sq, sk, causal, window, top_left).sum())  # both sequences
+    assert p.flops() == 2 * (128 + 128) * 8 * p.pairs()
+    docs = Problem.packed_documents((sq, sk // 2 + 1), (sk, sk), heads_q=8, heads_kv=2, head_dim_qk=128,
+                                    head_dim_v=128, causal=causal, window=window, top_left=top_left)
+    assert docs.pairs() == int(docs.keep().sum())
 
 
 @pytest.fixture(scope="module")
 def fwd_objective():
     e, s = entry_and_spec("llama.yaml", "llama3_8b")
     p = obj.problem_for(e, s, parse_bucket("q16_k32_bh8"))
-    return obj.Objective(p, "cpu", timer=fixed_timer(2.0))
+    return obj.Objective(s, p, "cpu", timer=fixed_timer(2.0))
 
 
 def test_ok_trial_is_checked_then_timed(fwd_objective):
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
     assert o.status == "ok" and o.time_ms == 2.0
-    assert o.tflops == pytest.approx(fwd_objective.problem.flops / 2.0 / 1e9)
+    assert o.tflops == pytest.approx(fwd_objective.flops / 2.0 / 1e9)
     assert fwd_objective.timer.calls[-1] == dataclasses.asdict(FwdConfig(64, 32, 4, 2))
 
 
@@ -140,7 +144,7 @@ def test_step_rotates_through_input_sets(monkeypatch):
         for _ in range(7):
             step()
         return 1.0
-    o = obj.Objective(p, "cpu", timer=timer)
+    o = obj.Objective(s, p, "cpu", timer=timer)
     n = len(o.sets)
     assert n == obj.timing.rotation_sets(sum(t.numel() * t.element_size() for t in o.sets[0].values()), 1 << 16) > 2
     assert o.run(FwdConfig(64, 32, 4, 2)).status == "ok"
@@ -153,7 +157,7 @@ def test_backward_varlen_trial(monkeypatch):
     e, s = entry_and_spec("llama.yaml", "llama3_8b_packed", family="bwd")
     p = obj.problem_for(e, s, parse_bucket("q16_k16_bh8"))
     assert p.batch == 1 and s.varlen
-    o = obj.Objective(p, "cpu", timer=fixed_timer())
+    o = obj.Objective(s, p, "cpu", timer=fixed_timer())
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)).status == "ok"
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)).status == "ok"
     real = obj.attn_bwd_varlen

@@ -10,7 +10,8 @@ from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec, load_spec
 from attngen import configs as space
 from attngen.families import fwd as fwd_family
-from attngen.tuning import tuner
+from attngen.tuning.targets import (TuneError, TuneOptions, default_buckets, in_space, pin, plan,
+                                    space_for, valid_count)
 from attngen.buckets import parse_bucket
 from attngen.devices import DeviceInfo, check_profile
 from attngen.configs import FwdConfig
@@ -20,20 +21,20 @@ SPECS = REPO_ROOT / "specs"
 
 def test_default_buckets_per_entry():
     e = next(x for x in load_spec(SPECS / "llama.yaml").entries if x.name == "llama3_8b")
-    keys = [b.key for b in tuner.default_buckets(e)]
+    keys = [b.key for b in default_buckets(e)]
     assert len(keys) == 10 and "q1024_k1024_bh32" in keys and "q16384_k16384_bh128" in keys
-    assert not any(b.decode for b in tuner.default_buckets(e))
+    assert not any(b.decode for b in default_buckets(e))
 
 
 def test_plan_filters_by_profile_family_and_glob():
-    targets = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)]))
+    targets = plan(TuneOptions(device="h100", specs=[str(SPECS)]))
     assert targets and all(t.spec.target == "sm90" and t.device_class == "h100" for t in targets)
     assert {t.spec.family for t in targets} == {"fwd", "bwd"}
     assert not any(t.spec.uri.endswith("hd80_gqa2_full_sm80") for t in targets)  # encoder: sm80 only
-    a100 = tuner.plan(tuner.TuneOptions(device="a100", specs=[str(SPECS / "phi3.yaml")], families=("fwd",)))
+    a100 = plan(TuneOptions(device="a100", specs=[str(SPECS / "phi3.yaml")], families=("fwd",)))
     assert {t.spec.uri for t in a100} == {"attn_fwd_bf16_hd96_gqa1_causal_sm80", "attn_fwd_fp16_hd96_gqa1_causal_sm80",
                                           "attn_fwd_bf16_hd80_gqa2_full_sm80", "attn_fwd_fp16_hd80_gqa2_full_sm80"}
-    some = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)], kernels="attn_bwd_bf16_*",
+    some = plan(TuneOptions(device="h100", specs=[str(SPECS)], kernels="attn_bwd_bf16_*",
                                         shapes=[parse_bucket("q4096_k4096_bh64")]))
     assert all(t.spec.uri.startswith("attn_bwd_bf16_") and t.bucket.key == "q4096_k4096_bh64" for t in some)
     names = [t.study_name for t in targets]
@@ -41,7 +42,7 @@ def test_plan_filters_by_profile_family_and_glob():
 
 
 def test_study_name_follows_template_and_space(monkeypatch):
-    (t,) = tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS / "llama.yaml")],
+    (t,) = plan(TuneOptions(device="h100", specs=[str(SPECS / "llama.yaml")],
                                         kernels="attn_fwd_bf16_hd128_gqa4_causal_sm90",
                                         shapes=[parse_bucket("q4096_k4096_bh64")]))
     uri, h, cls, bucket, sp = t.study_name.split(".")
@@ -51,11 +52,11 @@ def test_study_name_follows_template_and_space(monkeypatch):
 
 
 def test_nothing_to_tune_and_bad_spec_are_tune_errors(tmp_path):
-    with pytest.raises(tuner.TuneError, match="nothing to tune"):
-        tuner.plan(tuner.TuneOptions(device="h100", specs=[str(SPECS)], kernels="nope*"))
+    with pytest.raises(TuneError, match="nothing to tune"):
+        plan(TuneOptions(device="h100", specs=[str(SPECS)], kernels="nope*"))
     (tmp_path / "bad.yaml").write_text("kernels: 3\n")
-    with pytest.raises(tuner.TuneError, match="bad.yaml"):
-        tuner.plan(tuner.TuneOptions(device="h100", specs=[str(tmp_path / "bad.yaml")]))
+    with pytest.raises(TuneError, match="bad.yaml"):
+        plan(TuneOptions(device="h100", specs=[str(tmp_path / "bad.yaml")]))
 
 
 @pytest.mark.parametrize("cap, profile, ok", [((9, 0), "h100", True), ((8, 0), "a100", True),
@@ -72,33 +73,32 @@ def test_check_profile(cap, profile, ok):
 def test_fix_pins_fields_of_the_kernels_that_have_them():
     opts = dict(device="h100", specs=[str(SPECS / "llama.yaml")], kernels="attn_*_bf16_hd128_gqa4_causal_sm90",
                 shapes=[parse_bucket("q4096_k4096_bh64")])
-    free = {t.spec.family: t for t in tuner.plan(tuner.TuneOptions(**opts))}
-    pinned = {t.spec.family: t for t in tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic_dq": "false"}))}
+    free = {t.spec.family: t for t in plan(TuneOptions(**opts))}
+    pinned = {t.spec.family: t for t in plan(TuneOptions(**opts, fixed={"atomic_dq": "false"}))}
     assert pinned["bwd"].space["atomic_dq"] == (False,) and free["bwd"].space["atomic_dq"] == (False, True)
     assert pinned["bwd"].study_name != free["bwd"].study_name  # a pinned space is its own study
     assert pinned["fwd"].study_name == free["fwd"].study_name  # fwd has no atomic_dq: untouched
-    assert tuner.valid_count(pinned["bwd"].spec, pinned["bwd"].space) < tuner.valid_count(free["bwd"].spec)
-    with pytest.raises(tuner.TuneError, match="no kernel to tune has a config field 'atomic'"):
-        tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic": "false"}))
-    with pytest.raises(tuner.TuneError, match="expected true or false"):
-        tuner.plan(tuner.TuneOptions(**opts, fixed={"atomic_dq": "no"}))
-    assert tuner.pin(pinned["fwd"].spec, {"block_m": "64"}) == {"block_m": 64}
+    assert valid_count(pinned["bwd"].spec, pinned["bwd"].space) < valid_count(free["bwd"].spec)
+    with pytest.raises(TuneError, match="no kernel to tune has a config field 'atomic'"):
+        plan(TuneOptions(**opts, fixed={"atomic": "false"}))
+    with pytest.raises(TuneError, match="expected true or false"):
+        plan(TuneOptions(**opts, fixed={"atomic_dq": "no"}))
+    assert pin(pinned["fwd"].spec, {"block_m": "64"}) == {"block_m": 64}
 
 
 def test_space_drops_values_no_valid_config_takes():
     """The Gluon kernels' knobs are in the sm90 space where those kernels exist (so the tuner
     measures the kernels that serve by default) and dropped where no valid config takes them."""
-    from attngen.tuning import tuner
     from attngen.configs import WS_DEFAULT
 
     d128 = KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal")
     d96 = KernelSpec("fwd", "bf16", "sm90", 96, 96, 1, "causal")
-    sp128, sp96 = tuner.space_for(d128), tuner.space_for(d96)
+    sp128, sp96 = space_for(d128), space_for(d96)
     assert sp128["consumers"] == (0, 1, 2) and sp128["pair_tiles"] == (False, True)
-    assert tuner.in_space(WS_DEFAULT.as_dict(), sp128)
+    assert in_space(WS_DEFAULT.as_dict(), sp128)
     assert sp96["consumers"] == (0,) and sp96["pair_tiles"] == (False,)
-    assert tuner.valid_count(d96, sp96) == tuner.valid_count(d96, space.search_space(
+    assert valid_count(d96, sp96) == valid_count(d96, space.search_space(
         FwdConfig, "fwd", "sm90")), "dropping never-valid values lost valid configs"
     bwd = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
-    assert tuner.space_for(bwd)["dq_consumers"] == (0, 2)
-    assert tuner.space_for(bwd, {"consumers": 2})["split_dkdv"] == (False,)
+    assert space_for(bwd)["dq_consumers"] == (0, 2)
+    assert space_for(bwd, {"consumers": 2})["split_dkdv"] == (False,)

@@ -16,7 +16,8 @@ from attngen.families import family as family_of
 from attngen.spec import load_spec
 from attngen.tuning import objective as obj
 from attngen import configs as space
-from attngen.tuning import tuner
+from attngen.tuning import targets
+from attngen.tuning.compare import replay
 from attngen.buckets import parse_bucket
 from attngen.tuning.precompile import precompile
 from attngen.tuning.sampling import make_sampler, valid_space
@@ -33,10 +34,10 @@ def kernel(file="llama.yaml", name="llama3_8b", family="fwd", target="sm90", dty
 @pytest.mark.parametrize("family", ["fwd", "bwd"])
 def test_every_proposal_is_valid_and_the_walk_covers_the_valid_configs(family):
     _, spec = kernel(family=family)
-    sp = tuner.space_for(spec)
+    sp = targets.space_for(spec)
     walk = valid_space(spec, sp)
     fam = family_of(family)
-    assert len(walk) == tuner.valid_count(spec, sp) > 0
+    assert len(walk) == targets.valid_count(spec, sp) > 0
     assert len({config_json(c) for c in walk.configs()}) == len(walk)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
     seen = set()
@@ -59,7 +60,7 @@ def test_every_proposal_is_valid_and_the_walk_covers_the_valid_configs(family):
 
 def test_params_round_trip_and_reject_what_is_not_a_valid_config():
     _, spec = kernel()
-    sp = tuner.space_for(spec)
+    sp = targets.space_for(spec)
     walk = valid_space(spec, sp)
     for cfg in random.Random(0).sample(walk.configs(), 40):
         study = optuna.create_study()
@@ -74,7 +75,7 @@ def test_params_round_trip_and_reject_what_is_not_a_valid_config():
 
 def test_nearest_unseen_is_the_closest_config_not_measured():
     _, spec = kernel()
-    walk = valid_space(spec, tuner.space_for(spec))
+    walk = valid_space(spec, targets.space_for(spec))
     cfgs = walk.configs()
     start = next(c for c in cfgs if c["consumers"] == 2)
     seen = {config_json(start)}
@@ -87,7 +88,7 @@ def test_nearest_unseen_is_the_closest_config_not_measured():
 
 def test_replay_with_the_walk_measures_only_valid_configs_and_finds_a_clear_best():
     _, spec = kernel()
-    sp = tuner.space_for(spec)
+    sp = targets.space_for(spec)
     walk = valid_space(spec, sp)
     rng = random.Random(1)
     table = {}
@@ -97,7 +98,7 @@ def test_replay_with_the_walk_measures_only_valid_configs_and_finds_a_clear_best
     table[best_key] = 1.0
     budget = int(0.3 * len(table))
     for seed in range(3):
-        best, seen = tuner.replay(table, sp, budget, seed, "tpe", spec=spec)
+        best, seen = replay(table, sp, budget, seed, "tpe", spec=spec)
         assert seen == budget and best == 1.0
     # without the walk the same budget of flat proposals is mostly invalid ones
     flat = optuna.create_study(sampler=make_sampler("random", sp, budget, 0))
@@ -111,7 +112,7 @@ def test_precompile_launches_every_config_in_worker_processes():
     problem = obj.problem_for(e, spec, parse_bucket("q32_k32_bh4"))
     cfgs = [dataclasses.asdict(space.FwdConfig(16, 16, 4, 1)), dataclasses.asdict(space.FwdConfig(32, 16, 4, 1)),
             dataclasses.asdict(space.FwdConfig(48, 16, 4, 1))]  # no power of two: fails
-    counts = precompile(problem, cfgs, "cpu", 2)
+    counts = precompile(spec, problem, cfgs, "cpu", 2)
     assert counts["configs"] == 3 and counts["stopped"] is None
     assert (counts["compiled"], counts["failed"]) == (2, 1)
-    assert precompile(problem, [], "cpu", 2)["compiled"] == 0
+    assert precompile(spec, problem, [], "cpu", 2)["compiled"] == 0

@@ -27,7 +27,8 @@ from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec
 from attngen import configs as space
 from attngen.families import fwd as fwd_family
-from attngen.tuning import tuner
+from attngen.tuning.compare import compare, replay
+from attngen.tuning.targets import space_for
 from attngen.tuning.sampling import valid_space
 from attngen.configs import FwdConfig
 
@@ -281,7 +282,7 @@ def test_a_trial_another_worker_told_first_is_not_a_crash(tmp_path, monkeypatch)
 def test_compare_grid_with_search(tmp_path, grid_db, small_space):
     grid, tpe = grid_db, tmp_path / "tpe.sqlite"
     assert cli(tune_argv(tpe, "--quiet", trials=5)) == 0
-    res = tuner.compare(str(grid), str(tpe), seeds=3)
+    res = compare(str(grid), str(tpe), seeds=3)
     (r,) = res["rows"]
     best = fakes.fake_ms(dataclasses.asdict(GRID_BEST))
     assert r["exhaustive_measured"] == len(VALID) and r["exhaustive_best_ms"] == best
@@ -305,7 +306,7 @@ def test_compare_takes_the_searchs_best_inside_the_space(tmp_path, small_space):
     grid, tpe = tmp_path / "grid.sqlite", tmp_path / "tpe.sqlite"
     assert cli(tune_argv(grid, "--sampler", "grid", "--quiet", *fix, trials=100)) == 0
     assert cli(tune_argv(tpe, "--quiet", *fix, trials=4)) == 0
-    (r,) = tuner.compare(str(grid), str(tpe), seeds=2)["rows"]
+    (r,) = compare(str(grid), str(tpe), seeds=2)["rows"]
     assert r["search_winner"]["block_n"] == 128 and r["search_winner_ms_in_exhaustive_run"] is not None
     assert r["search_measured"] == 4 and r["gap"] is not None
     assert r["database_winner_in_space"] == (r["database_winner"]["block_n"] == 128)
@@ -315,9 +316,9 @@ def test_replay_finds_the_best_of_a_table():
     sp = {"a": (1, 2, 3, 4), "b": (1, 2, 3, 4)}
     table = {json.dumps({"a": a, "b": b}, sort_keys=True, separators=(",", ":")): 1.0 + abs(a - 3) + abs(b - 2)
              for a in sp["a"] for b in sp["b"] if (a, b) != (4, 4)}
-    best, seen = tuner.replay(table, sp, budget=15, seed=0)
+    best, seen = replay(table, sp, budget=15, seed=0)
     assert best == 1.0 and seen == 15  # 15 of the 15 configs in the table: found
-    best, seen = tuner.replay(table, sp, budget=3, seed=1, sampler="random")
+    best, seen = replay(table, sp, budget=3, seed=1, sampler="random")
     assert seen == 3 and best >= 1.0
 
 
@@ -334,7 +335,7 @@ def test_a_new_bucket_starts_from_the_default_and_the_nearest_winner(tmp_path, s
                  if ".q32_k32_bh4." in sm.study_name)
     loaded = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}")
     spec = KernelSpec(**loaded.user_attrs["spec"])
-    walk = valid_space(spec, tuner.space_for(spec))  # TPE's parameters: the walk through valid configs
+    walk = valid_space(spec, space_for(spec))  # TPE's parameters: the walk through valid configs
     assert [t.params for t in loaded.trials[:2]] == [walk.params(dataclasses.asdict(DEFAULT)),
                                                      walk.params(first.config)]
     assert None not in [walk.params(dataclasses.asdict(DEFAULT)), walk.params(first.config)]
@@ -405,7 +406,7 @@ def test_compile_ahead_takes_the_unmeasured_valid_configs_when_that_is_quicker(t
 
     calls = []
 
-    def fake_precompile(problem, configs, device, workers, deadline=None):
+    def fake_precompile(spec, problem, configs, device, workers, deadline=None):
         calls.append((configs, workers))
         return {"configs": len(configs), "compiled": len(configs), "failed": 0, "seconds": 0.0,
                 "stopped": None}

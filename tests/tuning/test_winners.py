@@ -268,7 +268,8 @@ def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_dat
     import attngen
     from attngen.runtime import api, dispatch, loader
     from attngen.spec import KernelSpec
-    from attngen.testing import assert_flash_rule, attention_ref, random_inputs
+    from attngen.problem import attention_ref, random_inputs
+    from attngen.testing import assert_flash_rule
     from attngen.buckets import bucket_of
 
     spec = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
