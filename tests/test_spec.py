@@ -121,7 +121,7 @@ ENTRY_ROWS = [
     ("dtypes_missing", {"dtypes": DROP}, "dtypes", "is required"),
     ("target_unknown", {"targets": "sm75"}, "targets", "unknown value 'sm75'"),
     ("targets_missing", {"targets": DROP}, "targets", "is required"),
-    ("family_unknown", {"families": ["fwd", "decode"]}, "families", "unknown value 'decode'"),
+    ("family_unknown", {"families": ["fwd", "prefill"]}, "families", "unknown value 'prefill'"),
     ("name_not_identifier", {"name": "1st kernel"}, "name", "identifier"),
 ]
 
@@ -257,10 +257,12 @@ def test_llama_expands_to_expected_kernels():
         "causal", None, "bottom_right", 0.0, None)
     assert (packed.name, packed.mask, packed.document_mask) == ("llama3_8b_packed", "document", "causal")
     # per entry: families x dtypes x targets, in the order the file lists them
-    combos = [f"{fam}_{dt}_hd128_gqa4_{{mask}}_{tg}" for fam in ("fwd", "bwd") for dt in ("bf16", "fp16")
+    combos = [f"{fam}_{dt}_hd128_gqa4_{{mask}}_{tg}" for fam in ("fwd", "bwd", "decode") for dt in ("bf16", "fp16")
               for tg in ("sm80", "sm90")]
     assert [k.uri for k in dense.kernel_specs()] == ["attn_" + c.format(mask="causal") for c in combos]
-    assert [k.uri for k in packed.kernel_specs()] == ["attn_" + c.format(mask="doc_causal") for c in combos]
+    # packed documents get no decode kernels (decoding reads a KV cache)
+    assert [k.uri for k in packed.kernel_specs()] == ["attn_" + c.format(mask="doc_causal") for c in combos
+                                                      if not c.startswith("decode")]
     assert [k.uri for k in f.kernel_specs()] == [k.uri for e in (dense, packed) for k in e.kernel_specs()]
     assert f.kernel_specs()[0] == KernelSpec(family="fwd", dtype="bf16", target="sm80", head_dim_qk=128,
                                              head_dim_v=128, gqa_ratio=4, mask="causal")
@@ -324,12 +326,13 @@ def test_defaults(tmp_path):
     f = load_entry(tmp_path, families=DROP)
     (e,) = f.entries
     assert e.causal_alignment == "bottom_right"
-    assert e.families == ("fwd", "bwd")  # a trainable kernel unless the entry says otherwise
+    # a trainable kernel, and its decode kernel, unless the entry says otherwise
+    assert e.families == ("fwd", "bwd", "decode")
     assert (e.softcap, e.softmax_scale, e.window, e.document_mask) == (0.0, None, None, None)
     assert f.model is None
-    fwd, bwd = f.kernel_specs()
+    fwd, bwd, dec = f.kernel_specs()
     assert (fwd.family, fwd.softcap, fwd.varlen) == ("fwd", False, False)
-    assert bwd == fwd.replace(family="bwd")
+    assert bwd == fwd.replace(family="bwd") and dec == fwd.replace(family="decode")
 
 
 def test_null_means_left_out(tmp_path):
@@ -420,7 +423,8 @@ def test_parse_spec_default_path():
     {"head_dim_qk": 300},
     {"mask": "document"},
     {"gqa_ratio": 0},
-    {"family": "decode"},
+    {"family": "prefill"},
+    {"family": "decode", "varlen": True},
 ])
 def test_kernel_spec_checks_itself(bad):
     fields = dict(family="fwd", dtype="fp16", target="sm90", head_dim_qk=64, head_dim_v=64,

@@ -11,7 +11,6 @@ any kernel must read). Each provider's output is checked against attngen's befor
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys

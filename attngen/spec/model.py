@@ -107,6 +107,8 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
     p = []
     if k.family not in FAMILIES:
         p.append(f"family must be one of {FAMILIES}, got {k.family!r}")
+    if k.family == "decode" and k.varlen:
+        p.append("decode kernels read a KV cache, not packed documents (varlen)")
     if k.dtype not in DTYPES:
         p.append(f"dtype must be one of {DTYPES}, got {k.dtype!r}")
     if k.target not in TARGETS:
