@@ -9,7 +9,7 @@ import jinja2
 
 from attngen import env
 from attngen._version import __version__
-from attngen.codegen.naming import FAMILY_TEMPLATES, sha256
+from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash, sha256
 from attngen.configs import WS_BWD_HEAD_DIMS, WS_HEAD_DIMS, ws_backward, ws_forward  # noqa: F401
 from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
 
@@ -138,6 +138,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "template": f"templates/{template_name(spec)}",
         "template_hash": template_hash(spec, root),
         "kernel_spec": kernel_spec_repr(spec),
+        "kernel_hash": "",  # render() fills it in: the hash of the module rendered without it
     }
     return {
         "spec": spec,
@@ -196,5 +197,13 @@ def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = 
         raise CodegenError(f"{spec.uri}: kernel family {spec.family!r} is not implemented yet "
                            f"(no template {name} in {root})")
     tmpl = _environment(str(root)).get_template(name)
-    text = tmpl.render(**template_context(spec, sources, root, options))
+    context = template_context(spec, sources, root, options)
+    # the stamp's kernel hash covers everything but the stamp: rendered once without it, once with
+    text = _render(tmpl, context)
+    context["stamp"]["kernel_hash"] = kernel_hash(text)
+    return _render(tmpl, context)
+
+
+def _render(tmpl: jinja2.Template, context: dict) -> str:
+    text = tmpl.render(**context)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -18,7 +18,7 @@ import sqlite3
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import sqlalchemy
@@ -411,6 +411,7 @@ class WinnerRow:
     default_tflops: float | None
     trial_uid: str
     gpu_name: str
+    spec: dict = field(default_factory=dict)  # the kernel's KernelSpec fields, as stored
 
     @property
     def gain(self) -> float | None:
@@ -434,7 +435,7 @@ def where_winners(s: Session, uri_pattern: str | None = None, device_class: str 
             continue
         out.append(WinnerRow(k.uri, k.template_hash, k.family, w.device_class, b.key,
                              json.loads(w.config_json), w.time_ms, w.tflops, w.default_time_ms,
-                             w.default_tflops, t.uid, d.gpu_name))
+                             w.default_tflops, t.uid, d.gpu_name, json.loads(k.spec_json)))
     out.sort(key=lambda r: (r.uri, r.device_class, schema.bucket_fields(r.bucket), r.template_hash))
     return out
 

@@ -226,7 +226,7 @@ def resolve(fam, q, d: Dims, opts: Options, packed: bool):
                                   opts.softcap, packed)
     module = loader.load(spec)
     dev_class = dispatch.device_class(q.device, interpret)
-    config, source = dispatch.select_config(spec, module.TEMPLATE_HASH, dev_class, d.bucket, opts.window)
+    config, source = dispatch.select_config(spec, module.KERNEL_HASH, dev_class, d.bucket, opts.window)
     return spec, module, dev_class, config, source
 
 

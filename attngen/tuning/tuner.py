@@ -1,6 +1,6 @@
 """`attngen tune`: Optuna over the config search spaces, every trial into the tuning database.
 
-One Optuna study per (kernel uri + template hash, device class, shape bucket), stored in the same
+One Optuna study per (kernel uri + kernel hash, device class, shape bucket), stored in the same
 RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
 
   1. the default config (space.default_*_config) is measured first (or found, measured earlier on
@@ -79,7 +79,7 @@ class Target:
     entry: SpecEntry
     spec: KernelSpec
     bucket: ShapeBucket
-    template_hash: str
+    kernel_hash: str  # the generated module's KERNEL_HASH (codegen.naming.kernel_hash)
     device_class: str
     fixed: tuple[tuple[str, object], ...] = ()  # --fix FIELD=VALUE: fields pinned to one value
 
@@ -89,12 +89,12 @@ class Target:
 
     @property
     def study_name(self) -> str:
-        """uri.template_hash.device_class.bucket.space_hash: a changed template or search space
+        """uri.kernel_hash.device_class.bucket.space_hash: a changed kernel or search space
         starts a new study (Optuna cannot change a study's parameter ranges); configs measured in
         the old one are still found and not measured again."""
         sp = json.dumps(self.space, sort_keys=True)
         space_hash = hashlib.sha256(sp.encode()).hexdigest()[:8]
-        return f"{self.spec.uri}.{self.template_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
+        return f"{self.spec.uri}.{self.kernel_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
 
     @property
     def label(self) -> str:
@@ -137,7 +137,8 @@ def default_buckets(entry: SpecEntry) -> list[ShapeBucket]:
 
 def plan(opts: TuneOptions) -> list[Target]:
     """The studies to run, in a fixed order (spec files, entries, kernels, buckets)."""
-    from attngen.codegen.render import template_hash  # jinja2: the tuner may import it
+    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.render import render  # jinja2: the tuner may import it
 
     profile = PROFILES[opts.device]
     try:
@@ -156,7 +157,7 @@ def plan(opts: TuneOptions) -> list[Target]:
                 if spec.uri in seen:  # two entries with one kernel: the first one's values
                     continue
                 seen.add(spec.uri)
-                h = template_hash(spec)
+                h = kernel_hash(render(spec))
                 try:
                     fixed = tuple(sorted(pin(spec, opts.fixed).items()))
                 except ValueError as exc:
@@ -451,11 +452,11 @@ class Tuner:
         from attngen.tuning.precompile import precompile
 
         todo = [c for c in self._unmeasured(store, t, ids["kernel"], ids["bucket"])
-                if (t.spec.uri, t.template_hash, schema.config_json(c)) not in self._compiled]
+                if (t.spec.uri, t.kernel_hash, schema.config_json(c)) not in self._compiled]
         if not todo or len(todo) > n * min(len(todo), budget * self._studies_left):
             return
         counts = precompile(problem, todo, self.torch_device(), n, deadline)
-        self._compiled.update((t.spec.uri, t.template_hash, schema.config_json(c)) for c in todo)
+        self._compiled.update((t.spec.uri, t.kernel_hash, schema.config_json(c)) for c in todo)
         stopped = f", stopped: {counts['stopped']}" if counts["stopped"] else ""
         self.progress.say(f"  compiled {counts['compiled']} of {counts['configs']} configs ahead in "
                           f"{counts['seconds']:.0f} s with {n} processes ({counts['failed']} failed, "
@@ -488,7 +489,7 @@ class Tuner:
         study = optuna.create_study(storage=storage, study_name=target.study_name, sampler=sampler,
                                     direction="minimize", load_if_exists=True)
         if not study.user_attrs:
-            for k, v in (("uri", target.spec.uri), ("template_hash", target.template_hash),
+            for k, v in (("uri", target.spec.uri), ("template_hash", target.kernel_hash),
                          ("device_class", target.device_class), ("bucket", target.bucket.key),
                          ("spec", target.spec.as_dict())):
                 study.set_user_attr(k, v)
@@ -501,7 +502,7 @@ class Tuner:
         starts = [dataclasses.asdict(dcfg)]
         with store.session() as s:
             others = [w for w in dbs.where_winners(s, device_class=t.device_class)
-                      if w.uri == t.spec.uri and w.template_hash == t.template_hash
+                      if w.uri == t.spec.uri and w.template_hash == t.kernel_hash
                       and w.bucket != t.bucket.key]
         others.sort(key=lambda w: (t.bucket.distance(parse_bucket(w.bucket)), w.bucket))
         for w in others:
@@ -537,8 +538,8 @@ class Tuner:
                     self.progress.say(f"--timeout reached: {len(targets) - i} studies left "
                                       f"(--resume continues)")
                     break
-                self._studies_left = sum(1 for u in targets[i:] if (u.spec.uri, u.template_hash)
-                                         == (t.spec.uri, t.template_hash))
+                self._studies_left = sum(1 for u in targets[i:] if (u.spec.uri, u.kernel_hash)
+                                         == (t.spec.uri, t.kernel_hash))
                 reports.append(self._tune_one(store, storage, device_id, t, i, len(targets), deadline))
         finally:
             storage.remove_session()
@@ -555,7 +556,7 @@ class Tuner:
         budget = min(self.opts.trials, valid_count(spec, space_))
         report = TargetReport(t)
         with store.session() as s:
-            kernel = dbs.find_or_add_kernel(s, spec.uri, t.template_hash, family, spec.as_dict())
+            kernel = dbs.find_or_add_kernel(s, spec.uri, t.kernel_hash, family, spec.as_dict())
             bucket = dbs.find_or_add_bucket(s, t.bucket.key)
             kernel_id, bucket_id = kernel.id, bucket.id
         try:
