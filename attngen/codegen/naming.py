@@ -23,15 +23,18 @@ KERNEL_HASH_LEN = 16
 
 
 def kernel_hash(source: str) -> str:
-    """The content hash of a generated module: its source without the stamp (the header comment
-    block it opens with, and its own KERNEL_HASH line). Tuned winners are keyed by it, so any
-    change to the code of a module -- from a template, a partial it uses or Python codegen --
-    stales them, while a change elsewhere (another family's partial, a spec file's name, the
-    attngen version) does not."""
-    lines = source.splitlines()
-    start = next((i for i, line in enumerate(lines) if not line.startswith("#")), len(lines))
-    body = [line for line in lines[start:] if not line.startswith("KERNEL_HASH = ")]
-    return sha256("\n".join(body) + "\n")[:KERNEL_HASH_LEN]
+    """The content hash of a generated module: of its Python tokens, without comments (the stamp
+    header is comments), blank lines and line breaks inside brackets, and without its own
+    KERNEL_HASH line. Tuned winners are keyed by it, so any change to the code of a module -- from
+    a template, a partial it uses or Python codegen -- stales them, while a change elsewhere
+    (another family's partial, a comment, a spec file's name, the attngen version) does not."""
+    import io
+    import tokenize
+
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER)
+    toks = [f"{tok.type} {tok.string}" for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type not in skip and not tok.line.startswith("KERNEL_HASH = ")]
+    return sha256("\n".join(toks))[:KERNEL_HASH_LEN]
 
 
 def module_filename(uri: str, source: str) -> str:

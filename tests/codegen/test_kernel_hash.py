@@ -40,6 +40,14 @@ def test_stamp_changes_leave_the_hash_alone():
     assert a != b and kernel_hash(a) == kernel_hash(b)
 
 
+def test_comments_and_blank_lines_leave_the_hash_alone():
+    src = render(spec())
+    moved = src.replace("\n\n\n@triton.jit", "\n\n# a comment\n\n\n@triton.jit", 1)
+    assert moved != src and kernel_hash(moved) == kernel_hash(src)
+    assert kernel_hash(src.replace("BLOCK_N: tl.constexpr", "BLOCK_N: tl.constexpr ", 1)) == kernel_hash(src)
+    assert kernel_hash(src.replace("tl.arange(0, BLOCK_M)", "tl.arange(0, BLOCK_N)", 1)) != kernel_hash(src)
+
+
 def test_partial_change_moves_only_the_modules_whose_code_it_changes(tmp_path):
     """An edit to a partial the module's code does not use (the backward's Gluon main loop, for a
     forward kernel; a comment anywhere) keeps its hash, though the template hash moves; an edit
