@@ -56,7 +56,7 @@ def test_partial_change_moves_only_the_modules_whose_code_it_changes(tmp_path):
     shutil.copytree(REPO_ROOT / "templates", root)
     fwd, bwd = spec(), spec(family="bwd")
     before = {s.family: kernel_hash(render(s, root=root)) for s in (fwd, bwd)}
-    ws_bwd = root / "_mainloop_ws_bwd.py.jinja"
+    ws_bwd = root / "_bwd_ws_dq.py.jinja"
     ws_bwd.write_text(ws_bwd.read_text() + "{# changed #}\n")
     (root / "_common.py.jinja").write_text((root / "_common.py.jinja").read_text() + "{# changed #}\n")
     assert kernel_hash(render(fwd, root=root)) == before["fwd"]
