@@ -59,7 +59,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         "qk_scale": qk_scale, "ds_scale": mask.scale, "softcap_in": softcap_in,
         "softcap_out": softcap_out, "diag_offset": diag, "window_left": mask.window_left,
         "window_right": mask.window_right, "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": wide,
-        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
+        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v, "GQA": spec.gqa_ratio,
     }
     ok = rows_q > 0 and rows_k > 0
 

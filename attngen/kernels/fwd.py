@@ -46,6 +46,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "window_left": mask.window_left, "window_right": mask.window_right,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "LAZY_RESCALE": bool(cfg.lazy_rescale),
+        "GQA": spec.gqa_ratio,
     }
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and has_entry(mod, "_attn_fwd_ws") and getattr(cfg, "tma", False)

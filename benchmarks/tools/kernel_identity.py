@@ -10,7 +10,10 @@ tree's manifest) and the base's file are compared as Python tokens after droppin
   * line breaks inside brackets (NL tokens: a signature may wrap differently),
 and with each decorator's do_not_specialize list compared as the set of the kernel's parameters it
 names (what Triton applies: it tests each parameter for membership and ignores other names). Everything else -- every statement of every kernel, the decorators' kind, the
-signatures' names, order and annotations -- must be token-identical. Exit status 1 on a difference
+signatures' names, order and annotations -- must be token-identical, with one allowance: the GQA
+ratio, a literal in the base's kernels, is now the constexpr parameter GQA (Triton specializes a
+constexpr, so the compiled kernel is the same). In this tree's modules the tokens `GQA: tl.constexpr,`
+(or gl.) and `GQA,` as an argument are dropped and every other `GQA` reads as the module's GQA_RATIO. Exit status 1 on a difference
 (printed with the first differing tokens), on a kernel missing on either side, or on an extra one.
 """
 
@@ -58,7 +61,27 @@ def _dns(tree: ast.Module) -> dict[str, tuple[set, set[int]]]:
     return out
 
 
-def normalized(source: str) -> tuple[list[tuple[int, str]], dict[str, set]]:
+def _inline_constexpr(toks: list[tuple[int, str]], name: str, value: str) -> list[tuple[int, str]]:
+    """`name: tl.constexpr,` / `name: gl.constexpr,` and `name,` as an argument dropped, other
+    `name` -> value."""
+    out, i = [], 0
+    while i < len(toks):
+        words = [t[1] for t in toks[i:i + 6]]
+        if words[:1] == [name]:
+            if words[1:5] in ([":", "tl", ".", "constexpr"], [":", "gl", ".", "constexpr"]) and words[5:6] == [","]:
+                i += 6
+                continue
+            if words[1:2] == [","] and out and out[-1][1] in ("(", ","):  # a bare argument
+                i += 2
+                continue
+            out.append((toks[i][0], value))
+        else:
+            out.append(toks[i])
+        i += 1
+    return out
+
+
+def normalized(source: str, inline: dict[str, str] | None = None) -> tuple[list[tuple[int, str]], dict[str, set]]:
     tree = ast.parse(source)
     drop = _dropped_lines(tree)
     dns = _dns(tree)
@@ -74,6 +97,8 @@ def normalized(source: str) -> tuple[list[tuple[int, str]], dict[str, set]]:
                 toks.append((tok.start[0], "[<do_not_specialize>"))
             continue
         toks.append((tok.start[0], tok.string))
+    for name, value in (inline or {}).items():
+        toks = _inline_constexpr(toks, name, value)
     # consecutive NEWLINE tokens left where dropped statements were: one is enough
     out = []
     for t in toks:
@@ -84,7 +109,9 @@ def normalized(source: str) -> tuple[list[tuple[int, str]], dict[str, set]]:
 
 
 def compare(old: str, new: str) -> str | None:
-    (ot, od), (nt, nd) = normalized(old), normalized(new)
+    ratio = next((ln.split(" = ", 1)[1] for ln in new.splitlines() if ln.startswith("GQA_RATIO = ")), None)
+    (ot, od), (nt, nd) = normalized(old), normalized(new, {"GQA": ratio} if ratio else None)
+    # a constexpr is never in do_not_specialize, so the sets compare as they are
     if od != nd:
         diff = {f: (od.get(f), nd.get(f)) for f in set(od) | set(nd) if od.get(f) != nd.get(f)}
         return f"do_not_specialize differs: {diff}"
