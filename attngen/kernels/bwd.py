@@ -103,13 +103,15 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                     for dk_, dv_ in wants]
             if dq_ws_descs is not None:
                 launches.append(Launch.of(mod, "_attn_bwd_dq_ws", dq_grid,
-                                       {**dq_values, "STAGES": cfg.dq_num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                       cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
-                                       scratch=packed, maxnreg=WS_MAXNREG))
+                                          {**dq_values, "STAGES": cfg.dq_num_stages,
+                                           "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
+                                          cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
+                                          scratch=packed, maxnreg=WS_MAXNREG))
                 return launches
             if not atomic:
-                launches.append(Launch.of(mod, "_attn_bwd_dq_tma", dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
-                                       cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
+                launches.append(Launch.of(mod, "_attn_bwd_dq_tma", dq_grid,
+                                          {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
+                                          cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
             return launches
     # the pointer passes: the TMA and Gluon passes' knobs do not exist there
     pointer_cfg = pointer_bwd_config(cfg)

@@ -9,12 +9,14 @@ tree's manifest) and the base's file are compared as Python tokens after droppin
     `ABI["..."] = ...`, `VARIANTS = ...`, `TEMPLATE_HASH = ...`, `KERNEL_HASH = ...`),
   * line breaks inside brackets (NL tokens: a signature may wrap differently),
 and with each decorator's do_not_specialize list compared as the set of the kernel's parameters it
-names (what Triton applies: it tests each parameter for membership and ignores other names). Everything else -- every statement of every kernel, the decorators' kind, the
-signatures' names, order and annotations -- must be token-identical, with one allowance: the GQA
-ratio, a literal in the base's kernels, is now the constexpr parameter GQA (Triton specializes a
-constexpr, so the compiled kernel is the same). In this tree's modules the tokens `GQA: tl.constexpr,`
-(or gl.) and `GQA,` as an argument are dropped and every other `GQA` reads as the module's GQA_RATIO. Exit status 1 on a difference
-(printed with the first differing tokens), on a kernel missing on either side, or on an extra one.
+names (what Triton applies: it tests each parameter for membership and ignores other names).
+Everything else -- every statement of every kernel, the decorators' kind, the signatures' names,
+order and annotations -- must be token-identical, with one allowance: the GQA ratio, a literal in
+the base's kernels, is now the constexpr parameter GQA (Triton specializes a constexpr, so the
+compiled kernel is the same). In this tree's modules the tokens `GQA: tl.constexpr,` (or gl.) and
+`GQA,` as an argument are dropped and every other `GQA` reads as the module's GQA_RATIO. Exit
+status 1 on a difference (printed with the first differing tokens), on a kernel missing on either
+side, or on an extra one.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ def rekey(conn: sqlite3.Connection, now: dict[str, str], base: str) -> tuple[lis
         if why:
             refused.append(f"{uri}: kernels changed since {base}: {why}")
             continue
-        clash = conn.execute(f"SELECT id FROM {KERNELS} WHERE uri = ? AND template_hash = ?", (uri, new_hash)).fetchone()
+        clash = conn.execute(f"SELECT id FROM {KERNELS} WHERE uri = ? AND template_hash = ?",
+                             (uri, new_hash)).fetchone()
         if clash:
             refused.append(f"{uri}: a kernel row keyed {new_hash} exists already (id {clash[0]})")
             continue
