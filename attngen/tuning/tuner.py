@@ -396,7 +396,7 @@ class Tuner:
         self.progress = progress
         self.url = opts.url
         self.interrupt = Interrupt()  # tune() installs it as the SIGINT handler
-        self._compiled: set[tuple[str, str, str]] = set()  # (uri, template hash, config) compiled ahead
+        self._compiled: set[tuple[str, str, str]] = set()  # (uri, kernel hash, config) compiled ahead
         self._studies_left = 1  # of the kernel being tuned, this one included (its compiles are shared)
 
     # -- checks before any work --

@@ -384,10 +384,13 @@ def test_bwd_structure(rendered_bwd):
         # stages per query block in the dQ pass (leading masked only for windows)
         assert len(calls(fns["_attn_bwd_dkdv"], "_attn_bwd_dkdv_inner")) == (3 if masked else 2), ks.uri
         assert len(calls(fns["_attn_bwd_dq"], "_attn_bwd_dq_inner")) == (3 if swa else 2), ks.uri
-        # dK/dV sum over the GQA group inside one program: `for g in range(ratio)`
+        # dK/dV sum over the GQA group inside one program: `for g in range(GQA)`, GQA a constexpr
+        # parameter (the launcher passes the ratio)
         loops = [n for n in ast.walk(fns["_attn_bwd_dkdv"]) if isinstance(n, ast.For)
                  and isinstance(n.iter, ast.Call) and is_name(n.iter.func, "range")]
-        assert [ast.literal_eval(lp.iter.args[0]) for lp in loops] == [ks.gqa_ratio], ks.uri
+        assert [ast.unparse(lp.iter.args[0]) for lp in loops] == ["GQA"], ks.uri
+        gqa = [a for a in fns["_attn_bwd_dkdv"].args.args if a.arg == "GQA"]
+        assert [ast.unparse(a.annotation) for a in gqa] == ["tl.constexpr"], ks.uri
         cu = [c for c in calls(mod, "tl.load") if any(is_name(x, "cu_seqlens_k") for x in ast.walk(c))]
         assert bool(cu) == ks.varlen, ks.uri
         # the dK/dV and dQ kernels hold head dims in column tiles (no padding for MATRIX's
