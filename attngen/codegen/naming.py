@@ -19,6 +19,24 @@ def short_hash(text: str | bytes) -> str:
     return sha256(text)[:HASH_LEN]
 
 
+KERNEL_HASH_LEN = 16
+
+
+def kernel_hash(source: str) -> str:
+    """The content hash of a generated module: of its Python tokens, without comments (the stamp
+    header is comments), blank lines and line breaks inside brackets, and without its own
+    KERNEL_HASH line. Tuned winners are keyed by it, so any change to the code of a module -- from
+    a template, a partial it uses or Python codegen -- stales them, while a change elsewhere
+    (another family's partial, a comment, a spec file's name, the attngen version) does not."""
+    import io
+    import tokenize
+
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER)
+    toks = [f"{tok.type} {tok.string}" for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type not in skip and not tok.line.startswith("KERNEL_HASH = ")]
+    return sha256("\n".join(toks))[:KERNEL_HASH_LEN]
+
+
 def module_filename(uri: str, source: str) -> str:
     """`<uri>_<hash of the content>.py`."""
     return f"{uri}_{short_hash(source)}.py"

@@ -9,7 +9,7 @@ import jinja2
 
 from attngen import env
 from attngen._version import __version__
-from attngen.codegen.naming import FAMILY_TEMPLATES, sha256
+from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash, sha256
 from attngen.configs import WS_BWD_HEAD_DIMS, WS_HEAD_DIMS, ws_backward, ws_forward  # noqa: F401
 from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
 
@@ -91,23 +91,13 @@ def _check_sources(spec: KernelSpec, sources: tuple[str, ...]) -> None:
                                "(no line breaks, no absolute paths)")
 
 
-# Int kernel parameters that follow sequence lengths. Triton specializes an int argument on its
-# value (divisible by 16, equal to 1), so each would compile the kernel again when a length moves:
-# they are passed unspecialized. LSE / delta strides follow Sq (or the packed length).
-LENGTH_INTS = ("seqlen_q", "seqlen_k", "num_m_blocks", "num_n_blocks", "num_items", "diag_offset", "window_left",
-               "window_right", "stride_lz", "stride_lh", "stride_lm")
-
-
-def unspecialized_ints(spec: KernelSpec) -> tuple[str, ...]:
-    """LENGTH_INTS, plus every batch / head / sequence stride when a head dim is not a multiple of
-    16 (then S * D changes its divisibility by 16 with S); with multiples of 16 those strides stay
-    specialized (always divisible, and the compiler may use it for wide loads). Head-dim strides
-    are always specialized (1 for every tensor the runtime passes)."""
-    if spec.head_dim_qk % 16 == 0 and spec.head_dim_v % 16 == 0:
-        return LENGTH_INTS
-    strides = tuple(f"stride_{t}{a}" for t in ("q", "k", "v", "o", "do", "dq", "dk", "dv")
-                    for a in ("z", "h", "m", "n"))
-    return LENGTH_INTS + strides
+def strides_follow_lengths(spec: KernelSpec) -> bool:
+    """Whether a batch / head / sequence stride changes its divisibility by 16 with a sequence
+    length: when a head dim is not a multiple of 16 (S * D). The templates' entry points then leave
+    those strides unspecialized (role "stride", templates/_common.py.jinja); with multiples of 16
+    they stay specialized (always divisible, and the compiler may use it for wide loads). Ints that
+    follow lengths (role "length") are never specialized; head-dim strides always are."""
+    return not (spec.head_dim_qk % 16 == 0 and spec.head_dim_v % 16 == 0)
 
 
 def column_tiles(spec: KernelSpec, which: str, policy: str = "split") -> list[dict]:
@@ -148,6 +138,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "template": f"templates/{template_name(spec)}",
         "template_hash": template_hash(spec, root),
         "kernel_spec": kernel_spec_repr(spec),
+        "kernel_hash": "",  # render() fills it in: the hash of the module rendered without it
     }
     return {
         "spec": spec,
@@ -160,7 +151,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # 3.6; templates/attn_fwd.py.jinja)
         "ptr_qk_tiles": column_tiles(spec, "qk", "pad"),
         "ptr_v_tiles": column_tiles(spec, "v", "pad"),
-        "int_params": unspecialized_ints(spec),
+        "strides_follow_lengths": strides_follow_lengths(spec),
         "kernel_spec_repr": kernel_spec_repr(spec),
         "dp_first": dp_first,
         "doc_desc": doc_guard == "desc",
@@ -206,5 +197,13 @@ def render(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = 
         raise CodegenError(f"{spec.uri}: kernel family {spec.family!r} is not implemented yet "
                            f"(no template {name} in {root})")
     tmpl = _environment(str(root)).get_template(name)
-    text = tmpl.render(**template_context(spec, sources, root, options))
+    context = template_context(spec, sources, root, options)
+    # the stamp's kernel hash covers everything but the stamp: rendered once without it, once with
+    text = _render(tmpl, context)
+    context["stamp"]["kernel_hash"] = kernel_hash(text)
+    return _render(tmpl, context)
+
+
+def _render(tmpl: jinja2.Template, context: dict) -> str:
+    text = tmpl.render(**context)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

@@ -3,7 +3,8 @@ names with attngen's prefix, and every uniqueness rule written as a named constr
 
     devices        one row per GPU + software stack that measured something (device class, GPU
                    name, compute capability, driver, CUDA, torch and triton versions)
-    kernels        one row per (kernel uri, template hash): a changed template is another kernel
+    kernels        one row per (kernel uri, kernel hash): a changed kernel is another kernel (the
+                   template_hash column holds the generated module's KERNEL_HASH, its content hash)
     shape_buckets  one row per bucket key (q4096_k4096_bh64)
     trials         every measured or rejected config: status ok / failed / invalid, time, error
     winners        the best ok trial per (kernel, device class, bucket), with the default's time

@@ -48,13 +48,14 @@ _error: TuningDBError | None = None
 _warned: set[str] = set()
 
 
-def lookup(uri: str, template_hash: str, device_class: str, bucket: ShapeBucket) -> dict | None:
+def lookup(uri: str, kernel_hash: str, device_class: str, bucket: ShapeBucket) -> dict | None:
     """The winning config (field -> value, as dataclasses.asdict of the family's config) of kernel
     `uri` on `device_class` for `bucket`; the nearest tuned bucket's when this one was not tuned;
     None when nothing usable was tuned for this uri and device class.
 
-    Winners tuned with another template (their template hash differs from `template_hash`) are
-    ignored, with one warning per uri; so are configs whose fields no longer fit the config class.
+    Winners tuned on another version of the kernel (the hash they were stored with -- the kernels
+    table's template_hash column, which holds the generated module's KERNEL_HASH -- differs from
+    `kernel_hash`) are ignored, with one warning per uri; so are configs whose fields no longer fit the config class.
     A bucket whose winner beat the default by less than MIN_GAIN is served by the default table
     (None), and so are the untuned buckets nearest to it."""
     rows = _load().get((uri, device_class))
@@ -63,7 +64,7 @@ def lookup(uri: str, template_hash: str, device_class: str, bucket: ShapeBucket)
     fresh: dict[ShapeBucket, dict | None] = {}
     stale = []
     for b, h, family, cfg, gain in rows:
-        if h != template_hash:
+        if h != kernel_hash:
             stale.append(h)
             continue
         if gain is not None and gain < MIN_GAIN:
@@ -76,7 +77,7 @@ def lookup(uri: str, template_hash: str, device_class: str, bucket: ShapeBucket)
                             f"{_where()}: it does not fit this attngen ({exc})")
     if stale and not fresh:
         _warn_once(uri, f"attngen: ignoring {len(stale)} tuned config(s) of {uri} in {_where()}: "
-                        f"tuned with template hash {stale[0]}, the kernel now has {template_hash} "
+                        f"tuned on kernel hash {stale[0]}, the kernel now has {kernel_hash} "
                         f"(retune with `attngen tune`); using the default configs")
     if not fresh:
         return None

@@ -55,8 +55,8 @@ class BwdConfig:
 
 
 def ws_backward(spec: KernelSpec) -> bool:
-    """The backward gets the warp-specialized Gluon dK/dV pass (templates/_mainloop_ws_bwd.py.jinja,
-    BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
+    """The backward gets the warp-specialized Gluon passes (templates/_bwd_ws_dkdv.py.jinja and
+    _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
     softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
     accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
     per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""

@@ -8,8 +8,8 @@ import torch
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
-                                   strides4, tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
+                                   programs, roles, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_BWD_CONSUMER_REGS, WS_MAXNREG, BwdConfig, bwd_triton_fallback, check_bwd,
                              pointer_bwd_config, require_valid)
@@ -27,7 +27,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
-    gluon_ok = (getattr(mod, "WS_BWD", False) and cfg.tma and not atomic and not wide and q.numel() > 0
+    gluon_ok = (has_entry(mod, "_attn_bwd_dkdv_ws") and cfg.tma and not atomic and not wide and q.numel() > 0
                 and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
@@ -59,7 +59,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         "qk_scale": qk_scale, "ds_scale": mask.scale, "softcap_in": softcap_in,
         "softcap_out": softcap_out, "diag_offset": diag, "window_left": mask.window_left,
         "window_right": mask.window_right, "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": wide,
-        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v,
+        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v, "GQA": spec.gqa_ratio,
     }
     ok = rows_q > 0 and rows_k > 0
 
@@ -67,7 +67,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         """The preprocess launch, the dK/dV and dQ passes' values and grids for `cfg`'s tiles."""
         n_blocks = triton.cdiv(rows_k, cfg.block_n)
         dq_blocks = triton.cdiv(rows_q, cfg.dq_block_m)  # the preprocess takes the dQ pass's rows
-        pre = Launch(mod._attn_bwd_preprocess, programs(dq_blocks, bq, "q") if ok else 0,
+        pre = Launch.of(mod, "_attn_bwd_preprocess", programs(dq_blocks, bq, "q") if ok else 0,
                      {**common, "num_m_blocks": dq_blocks, "BLOCK_M": cfg.dq_block_m}, 4, 1)
         dkdv_values = {**common, "num_n_blocks": n_blocks, "ATOMIC_DQ": atomic, "BLOCK_M": cfg.block_m,
                        "BLOCK_N": cfg.block_n}
@@ -77,20 +77,20 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 programs(dq_blocks, bq, "q") if ok else 0)
 
     pre, dkdv_values, dq_values, dkdv_grid, dq_grid = passes(cfg)
-    if cfg.tma and not wide and ok and hasattr(mod, "_attn_bwd_dkdv_tma"):
+    if cfg.tma and not wide and ok and has_entry(mod, "_attn_bwd_dkdv_tma"):
         tensors = {"Q": q, "K": k, "V": v, "DO": dout, "DQ": dq, "DK": dk, "DV": dv}
         dkdv_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.block_m, cfg.block_n, packed=packed))
         dq_descs = tma_descriptors(*_tma_views(mod, tensors, cfg.dq_block_m, cfg.dq_block_n, True, packed))
         if dkdv_descs is not None and dq_descs is not None:  # else a stride the copy engine cannot take
-            # packed documents: kernels that make their descriptors per document (a "Q" pointer
+            # packed documents: kernels that make their descriptors per document (no descriptor
             # parameter) take the tensors and strides; the views above only checked alignment
-            per_doc = "Q" in mod._attn_bwd_dkdv_tma.arg_names
+            per_doc = "desc" not in roles(mod, "_attn_bwd_dkdv_tma").values()
             if per_doc:
                 dkdv_descs = dq_descs = None
             # the Gluon passes; packed documents: the host descriptors of the tensors the kernels do
             # not bound per document (the views above checked that the copy engine can address all)
             if ws_descs is not None:
-                launches = [pre, Launch(mod._attn_bwd_dkdv_ws, dkdv_grid,
+                launches = [pre, Launch.of(mod, "_attn_bwd_dkdv_ws", dkdv_grid,
                                         {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS,
                                          "ROLES": cfg.roles},
                                         cfg.num_warps, 1, host_part(ws_descs, packed, ("desc_k", "desc_v")),
@@ -98,18 +98,20 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
             else:
                 wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
                 launches = [pre] + [
-                    Launch(mod._attn_bwd_dkdv_tma, dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
+                    Launch.of(mod, "_attn_bwd_dkdv_tma", dkdv_grid, {**dkdv_values, "WANT_DK": dk_, "WANT_DV": dv_},
                            cfg.num_warps, cfg.num_stages, dkdv_descs, scratch=per_doc)
                     for dk_, dv_ in wants]
             if dq_ws_descs is not None:
-                launches.append(Launch(mod._attn_bwd_dq_ws, dq_grid,
-                                       {**dq_values, "STAGES": cfg.dq_num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                       cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
-                                       scratch=packed, maxnreg=WS_MAXNREG))
+                launches.append(Launch.of(mod, "_attn_bwd_dq_ws", dq_grid,
+                                          {**dq_values, "STAGES": cfg.dq_num_stages,
+                                           "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
+                                          cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
+                                          scratch=packed, maxnreg=WS_MAXNREG))
                 return launches
             if not atomic:
-                launches.append(Launch(mod._attn_bwd_dq_tma, dq_grid, {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
-                                       cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
+                launches.append(Launch.of(mod, "_attn_bwd_dq_tma", dq_grid,
+                                          {**dq_values, "OPS_REGS": bool(cfg.dq_regs)},
+                                          cfg.dq_num_warps, cfg.dq_num_stages, dq_descs, scratch=per_doc))
             return launches
     # the pointer passes: the TMA and Gluon passes' knobs do not exist there
     pointer_cfg = pointer_bwd_config(cfg)
@@ -117,9 +119,9 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     if pointer_cfg != cfg:
         cfg = pointer_cfg
         pre, dkdv_values, dq_values, dkdv_grid, dq_grid = passes(cfg)
-    launches = [pre, Launch(mod._attn_bwd_dkdv, dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
+    launches = [pre, Launch.of(mod, "_attn_bwd_dkdv", dkdv_grid, dkdv_values, cfg.num_warps, cfg.num_stages)]
     if not atomic:
-        launches.append(Launch(mod._attn_bwd_dq, dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))
+        launches.append(Launch.of(mod, "_attn_bwd_dq", dq_grid, dq_values, cfg.dq_num_warps, cfg.dq_num_stages))
     return launches
 
 

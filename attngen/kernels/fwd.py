@@ -7,8 +7,8 @@ from types import ModuleType
 import triton
 
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, host_part, lse_strides, needs_int64, programs,
-                                   sm_count, strides4, tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
+                                   programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 from attngen.configs import (WS_CONSUMER_REGS, FwdConfig, check_fwd, persistent_docs_ok,
                              pointer_fwd_config, require_valid, triton_fallback, ws_fwd_maxnreg)
@@ -46,9 +46,10 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "window_left": mask.window_left, "window_right": mask.window_right,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "LAZY_RESCALE": bool(cfg.lazy_rescale),
+        "GQA": spec.gqa_ratio,
     }
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
-    use_ws = (bool(cfg.consumers) and getattr(mod, "WS_FWD", False) and getattr(cfg, "tma", False)
+    use_ws = (bool(cfg.consumers) and has_entry(mod, "_attn_fwd_ws") and getattr(cfg, "tma", False)
               and (q.device.type == "cuda" if gluon is None else gluon))
     if packed and cfg.persistent and not persistent_docs_ok(q.shape[0], bh // Hq, rows):
         use_ws = False  # short or uneven documents: the persistent walk would lose
@@ -67,7 +68,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
                 grid = min(grid, sm_count(q.device))
             # packed documents: host descriptors for Q, K and V from each document's first row; O
             # through pointer stores
-            return [Launch(mod._attn_fwd_ws, grid, values, cfg.num_warps, 1,
+            return [Launch.of(mod, "_attn_fwd_ws", grid, values, cfg.num_warps, 1,
                            host_part(descs, packed, ("desc_q", "desc_k", "desc_v")),
                            maxnreg=ws_fwd_maxnreg(spec, cfg))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
@@ -77,19 +78,19 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0
     descs = None
-    if cfg.tma and hasattr(mod, "_attn_fwd_tma") and grid:
+    if cfg.tma and has_entry(mod, "_attn_fwd_tma") and grid:
         descs = tma_descriptors(*_tma_views(mod, cfg, q, k, v, out, packed))
     if descs is not None and not values["OFFS_64"]:
         values.update(WARP_SPEC=bool(cfg.warp_specialize), Q_REGS=bool(cfg.q_regs),
                       PERSISTENT=cfg.persistent > 0, num_tiles=grid)
         if cfg.persistent > 0:
             grid = min(grid, cfg.persistent * sm_count(q.device))
-        return [Launch(mod._attn_fwd_tma, grid, values, cfg.num_warps, cfg.num_stages, descs,
+        return [Launch.of(mod, "_attn_fwd_tma", grid, values, cfg.num_warps, cfg.num_stages, descs,
                        maxnreg=cfg.maxnreg)]
     # the pointer kernel: the TMA kernels' knobs do not exist there
     cfg = pointer_fwd_config(cfg, spec)
     require_valid(spec, cfg, check_fwd)
-    return [Launch(mod._attn_fwd, grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
+    return [Launch.of(mod, "_attn_fwd", grid, values, cfg.num_warps, cfg.num_stages, maxnreg=cfg.maxnreg)]
 
 
 def _ws_views(mod: ModuleType, cfg: FwdConfig, q, k, v, out, packed: bool = False) -> tuple[dict, dict]:

@@ -1,11 +1,13 @@
 """Kernel launches bound by name: the one launch ABI of every generated family.
 
 A family's launcher (fwd.py, bwd.py, ...) computes named values -- tensors, strides, lengths, mask
-values, constexprs -- and the generated kernel's own signature decides their order
-(`fn.arg_names`), so no launcher writes a kernel's positional argument list by hand and a template
-that adds a parameter needs no launcher edit beyond the value. By convention a kernel's pointer
-and descriptor parameters come first and end at its first stride: a cached launch replays the
-same scalars with new tensors.
+values, constexprs -- and the generated module's ABI decides their order: each entry point declares
+its parameters with their roles once, in the template (templates/_common.py.jinja, entry()), and
+the module exports them as `ABI` (entry point -> ((parameter, role), ...)) and `VARIANTS` (the
+entry points it defines). No launcher writes a kernel's positional argument list by hand, and a
+template that adds a parameter needs no launcher edit beyond the value. A kernel's tensor and
+descriptor parameters come first (the ABI says where they end): a cached launch replays the same
+scalars with new tensors.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ from triton.runtime import _allocation
 
 INT32_LIMIT = 1 << 31
 MAX_GRID = (1 << 31) - 1  # CUDA's limit on the grid's x axis, the only axis attngen uses
+TENSOR_ROLES = ("tensor", "desc")  # the ABI roles a call passes per call (the rest is bound once)
+
+
+def has_entry(mod, name: str) -> bool:
+    """Whether the generated module `mod` defines entry point `name` (its VARIANTS say)."""
+    return name in mod.VARIANTS
+
+
+def roles(mod, name: str) -> dict[str, str]:
+    """Parameter -> role of entry point `name` of `mod`, as its template declared them."""
+    return dict(mod.ABI[name])
 
 
 @dataclass
@@ -39,6 +52,19 @@ class Launch:
     # ptxas's register cap per thread (0: the compiler's choice); a lower cap can fit one more
     # program on an SM
     maxnreg: int = 0
+    # the entry point's ABI record ((parameter, role), ...), as the module exports it
+    params: tuple = ()
+
+    @classmethod
+    def of(cls, mod, name: str, grid: int, values: dict, num_warps: int, num_stages: int,
+           descriptors: dict | None = None, scratch: bool = False, maxnreg: int = 0) -> "Launch":
+        """The launch of entry point `name` of the generated module `mod`, bound through its ABI."""
+        return cls(getattr(mod, name), grid, values, num_warps, num_stages, descriptors, scratch, maxnreg,
+                   mod.ABI[name])
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.params)
 
     @property
     def options(self) -> dict:
@@ -50,14 +76,16 @@ class Launch:
 
     @property
     def num_tensors(self) -> int:
-        """The leading pointer / descriptor parameters: those before the kernel's first stride."""
-        for i, name in enumerate(self.fn.arg_names):
-            if name.startswith("stride_"):
-                return i
-        raise TypeError(f"{self.fn.__name__}: no stride parameter ends its tensor parameters")
+        """The leading tensor / descriptor parameters (ABI roles), which a replay passes per call."""
+        n = next((i for i, (_, role) in enumerate(self.params) if role not in TENSOR_ROLES), len(self.params))
+        late = [name for name, role in self.params[n:] if role in TENSOR_ROLES]
+        if late:
+            raise TypeError(f"{self.fn.__name__}: tensor parameter(s) {late} after its first scalar; "
+                            "the ABI puts every tensor and descriptor first")
+        return n
 
     def args(self) -> tuple:
-        names = self.fn.arg_names
+        names = self.param_names
         missing = [n for n in names if n not in self.values]
         if missing:
             raise TypeError(f"{self.fn.__name__}: no value for parameter(s) {missing}")

@@ -127,7 +127,7 @@ def device_kind(device: torch.device, interpret: bool) -> str:
     return "cpu" if interpret else device.type
 
 
-def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: ShapeBucket,
+def select_config(spec: KernelSpec, kernel_hash: str, dev_class: str, bucket: ShapeBucket,
                   window: int | None = None):
     """(config, source): source says where it came from ("tuned" or "default"). `window`: the keys
     one query sees at most under a sliding-window mask (the default table's tiles depend on it)."""
@@ -141,7 +141,7 @@ def select_config(spec: KernelSpec, template_hash: str, dev_class: str, bucket: 
     if dev_class != CPU_CLASS:
         from attngen.db import winners  # stdlib sqlite3 only; read once per process
 
-        row = winners.lookup(spec.uri, template_hash, dev_class, bucket)
+        row = winners.lookup(spec.uri, kernel_hash, dev_class, bucket)
         if row is not None:
             names = {f.name for f in dataclasses.fields(fam.config)}
             cfg = fam.config(**{k: v for k, v in row.items() if k in names})

@@ -122,7 +122,7 @@ class Plan:
         self.module = loader.load(self.spec)
         self.device_class = dispatch.device_class(q.device, interpret)
         self.bucket = d.bucket
-        self.config, self.config_source = dispatch.select_config(self.spec, self.module.TEMPLATE_HASH,
+        self.config, self.config_source = dispatch.select_config(self.spec, self.module.KERNEL_HASH,
                                                                  self.device_class, d.bucket, opts.window)
         self.forced = self.config_source == "forced"
         why = portable_reason(self.config, d.bucket, self.forced, misaligned)

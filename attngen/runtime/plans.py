@@ -36,7 +36,7 @@ class CompiledLaunch:
                  "direct", "scratch")
 
     def __init__(self, launch: Launch, device: torch.device, interpret: bool):
-        names = launch.fn.arg_names
+        names = launch.param_names
         self.fn, self.grid = launch.fn, launch.grid
         self.tensor_names = tuple(names[:launch.num_tensors])
         self.pick = operator.itemgetter(*self.tensor_names)

@@ -44,7 +44,7 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     from attngen.runtime import loader
 
     bwd_mod = loader.load(bwd_spec)
-    bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.TEMPLATE_HASH, plan.device_class,
+    bwd_cfg, bwd_source = dispatch.select_config(bwd_spec, bwd_mod.KERNEL_HASH, plan.device_class,
                                                  plan.bucket, opts.window)
     if bwd_cfg.tma and api.host_bound(plan.bucket) and bwd_source != "forced":  # as BackwardPlan does
         bwd_cfg = pointer_bwd_config(bwd_cfg)

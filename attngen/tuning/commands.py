@@ -164,27 +164,38 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from attngen.codegen.render import family_template_hash
     from attngen.tuning.progress import config_text
     from attngen.db.winners import MIN_GAIN
 
-    current = {fam: family_template_hash(fam) for fam in {r.family for r in rows} if fam in FAMILIES}
+    current = {r.uri: _current_kernel_hash(r.spec) for r in rows}
     table = Table(title=f"{len(rows)} winners in {where}", title_justify="left",
                   caption=f"*: under {MIN_GAIN:.0%} over the default, which then serves the bucket; "
-                          f"stale: tuned on another version of the kernel's templates (now "
-                          + ", ".join(f"{fam} {h}" for fam, h in sorted(current.items()))
-                          + "), ignored by the runtime; re-tune")
+                          f"stale: tuned on another version of the kernel (its generated module's "
+                          f"hash now differs), ignored by the runtime; re-tune")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
-                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("template", "left")):
+                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left")):
         table.add_column(col, justify=just, no_wrap=col != "config")
     for r in rows:
         table.add_row(r.uri, r.device_class, r.bucket, config_text(r.config, r.family),
                       f"{r.tflops:.1f}" if r.tflops else "-",
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
                       (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
-                      r.template_hash + ("" if r.template_hash == current.get(r.family) else " stale"))
+                      r.template_hash + ("" if r.template_hash == current[r.uri] else " stale"))
     Console(width=max(160, Console().width), soft_wrap=False).print(table)
     return 0
+
+
+def _current_kernel_hash(spec_fields: dict) -> str | None:
+    """KERNEL_HASH of the module attngen renders now for a stored kernel spec; None when the
+    stored spec is not one this attngen can render."""
+    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.render import CodegenError, render
+    from attngen.spec import KernelSpec
+
+    try:
+        return kernel_hash(render(KernelSpec(**spec_fields)))
+    except (CodegenError, TypeError, ValueError):
+        return None
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

@@ -47,7 +47,7 @@ def open_study(storage, target: Target, sampler):
     study = optuna.create_study(storage=storage, study_name=target.study_name, sampler=sampler,
                                 direction="minimize", load_if_exists=True)
     if not study.user_attrs:
-        for k, v in (("uri", target.spec.uri), ("template_hash", target.template_hash),
+        for k, v in (("uri", target.spec.uri), ("template_hash", target.kernel_hash),
                      ("device_class", target.device_class), ("bucket", target.bucket.key),
                      ("spec", target.spec.as_dict())):
             study.set_user_attr(k, v)
@@ -68,7 +68,7 @@ def warm_starts(store: dbs.Store, t: Target, dcfg, space_: dict, n: int = 2) -> 
     starts = [dataclasses.asdict(dcfg)]
     with store.session() as s:
         others = [w for w in dbs.where_winners(s, device_class=t.device_class)
-                  if w.uri == t.spec.uri and w.template_hash == t.template_hash
+                  if w.uri == t.spec.uri and w.template_hash == t.kernel_hash
                   and w.bucket != t.bucket.key]
     others.sort(key=lambda w: (t.bucket.distance(parse_bucket(w.bucket)), w.bucket))
     for w in others:
@@ -103,7 +103,7 @@ class Study:
         self.report = TargetReport(target)
         self.yardstick = {"ms": None, "tflops": None}  # the default config's time, once measured
         with store.session() as s:
-            kernel = dbs.find_or_add_kernel(s, target.spec.uri, target.template_hash, target.spec.family,
+            kernel = dbs.find_or_add_kernel(s, target.spec.uri, target.kernel_hash, target.spec.family,
                                             target.spec.as_dict())
             bucket = dbs.find_or_add_bucket(s, target.bucket.key)
             self.kernel_id, self.bucket_id = kernel.id, bucket.id

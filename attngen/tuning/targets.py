@@ -44,7 +44,7 @@ class Target:
     entry: SpecEntry
     spec: KernelSpec
     bucket: ShapeBucket
-    template_hash: str
+    kernel_hash: str  # the generated module's KERNEL_HASH (codegen.naming.kernel_hash)
     device_class: str
     fixed: tuple[tuple[str, object], ...] = ()  # --fix FIELD=VALUE: fields pinned to one value
 
@@ -54,12 +54,12 @@ class Target:
 
     @property
     def study_name(self) -> str:
-        """uri.template_hash.device_class.bucket.space_hash: a changed template or search space
+        """uri.kernel_hash.device_class.bucket.space_hash: a changed kernel or search space
         starts a new study (Optuna cannot change a study's parameter ranges); configs measured in
         the old one are still found and not measured again."""
         sp = json.dumps(self.space, sort_keys=True)
         space_hash = hashlib.sha256(sp.encode()).hexdigest()[:8]
-        return f"{self.spec.uri}.{self.template_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
+        return f"{self.spec.uri}.{self.kernel_hash}.{self.device_class}.{self.bucket.key}.{space_hash}"
 
     @property
     def label(self) -> str:
@@ -102,7 +102,8 @@ def default_buckets(entry: SpecEntry) -> list[ShapeBucket]:
 
 def plan(opts: TuneOptions) -> list[Target]:
     """The studies to run, in a fixed order (spec files, entries, kernels, buckets)."""
-    from attngen.codegen.render import template_hash  # jinja2: the tuner may import it
+    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.render import render  # jinja2: the tuner may import it
 
     profile = PROFILES[opts.device]
     try:
@@ -121,7 +122,7 @@ def plan(opts: TuneOptions) -> list[Target]:
                 if spec.uri in seen:  # two entries with one kernel: the first one's values
                     continue
                 seen.add(spec.uri)
-                h = template_hash(spec)
+                h = kernel_hash(render(spec))
                 try:
                     fixed = tuple(sorted(pin(spec, opts.fixed).items()))
                 except ValueError as exc:

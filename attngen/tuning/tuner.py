@@ -1,6 +1,6 @@
 """`attngen tune`: Optuna over the config search spaces, every trial into the tuning database.
 
-One Optuna study per (kernel uri + template hash, device class, shape bucket), stored in the same
+One Optuna study per (kernel uri + kernel hash, device class, shape bucket), stored in the same
 RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
 
   1. the default config (space.default_*_config) is measured first (or found, measured earlier on
@@ -54,7 +54,7 @@ class Tuner:
         self.progress = progress
         self.url = opts.url
         self.interrupt = Interrupt()  # tune() installs it as the SIGINT handler
-        self._compiled: set[tuple[str, str, str]] = set()  # (uri, template hash, config) compiled ahead
+        self._compiled: set[tuple[str, str, str]] = set()  # (uri, kernel hash, config) compiled ahead
         self._studies_left = 1  # of the kernel being tuned, this one included (its compiles are shared)
 
     # -- checks before any work --
@@ -103,11 +103,11 @@ class Tuner:
         from attngen.tuning.precompile import precompile
 
         todo = [c for c in unmeasured(store, t, ids["kernel"], ids["bucket"])
-                if (t.spec.uri, t.template_hash, schema.config_json(c)) not in self._compiled]
+                if (t.spec.uri, t.kernel_hash, schema.config_json(c)) not in self._compiled]
         if not todo or len(todo) > n * min(len(todo), budget * self._studies_left):
             return
         counts = precompile(t.spec, problem, todo, self.torch_device(), n, deadline)
-        self._compiled.update((t.spec.uri, t.template_hash, schema.config_json(c)) for c in todo)
+        self._compiled.update((t.spec.uri, t.kernel_hash, schema.config_json(c)) for c in todo)
         stopped = f", stopped: {counts['stopped']}" if counts["stopped"] else ""
         self.progress.say(f"  compiled {counts['compiled']} of {counts['configs']} configs ahead in "
                           f"{counts['seconds']:.0f} s with {n} processes ({counts['failed']} failed, "
@@ -157,8 +157,8 @@ class Tuner:
                     self.progress.say(f"--timeout reached: {len(targets) - i} studies left "
                                       f"(--resume continues)")
                     break
-                self._studies_left = sum(1 for u in targets[i:] if (u.spec.uri, u.template_hash)
-                                         == (t.spec.uri, t.template_hash))
+                self._studies_left = sum(1 for u in targets[i:] if (u.spec.uri, u.kernel_hash)
+                                         == (t.spec.uri, t.kernel_hash))
                 reports.append(Study(self, store, storage, device_id, t, deadline).run(i, len(targets)))
         finally:
             storage.remove_session()

@@ -303,14 +303,18 @@ def test_cli_export_import_round_trip(tmp_path, capsys):
 
 
 def test_cli_show_marks_only_stale_winners(tmp_path, capsys):
-    from attngen.codegen.render import family_template_hash
+    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.render import render
+    from attngen.spec import KernelSpec
 
     db = tmp_path / "a.sqlite"
     _fill(f"sqlite:///{db}", uri="attn_fwd_old_sm90")
-    current = family_template_hash("fwd")
+    ks = KernelSpec(family="fwd", dtype="bf16", target="sm90", head_dim_qk=128, head_dim_v=128, gqa_ratio=4,
+                    mask="causal", softcap=False, varlen=False)
+    current = kernel_hash(render(ks))  # the generated module's KERNEL_HASH
     with dbs.Store(str(db), "write") as st, st.session() as s:
         dev = dbs.find_or_add_device(s, DEVICE)
-        k = dbs.find_or_add_kernel(s, "attn_fwd_new_sm90", current, "fwd", {"family": "fwd"})
+        k = dbs.find_or_add_kernel(s, ks.uri, current, "fwd", ks.as_dict())
         b = dbs.find_or_add_bucket(s, "q4096_k4096_bh64")
         t = dbs.add_trial(s, kernel=k, device=dev, bucket=b, config=_cfg(32), status="ok", shape={},
                           time_ms=1.0, tflops=300.0, is_default=True, study_name="st2")
@@ -319,7 +323,7 @@ def test_cli_show_marks_only_stale_winners(tmp_path, capsys):
     assert cli(["db", "show", "--storage", str(db)]) == 0
     lines = capsys.readouterr().out.splitlines()
     old = next(ln for ln in lines if "attn_fwd_old_sm90" in ln)
-    new = next(ln for ln in lines if "attn_fwd_new_sm90" in ln)
+    new = next(ln for ln in lines if ks.uri in ln)
     assert "hash1 stale" in old and current in new and "stale" not in new
     (tmp_path / "junk.json").write_text("{")
     assert cli(["db", "import", str(tmp_path / "junk.json"), "--storage", str(b)]) == 2

@@ -119,7 +119,7 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
                          + (["_attn_bwd_dq_tma"] if det else []))
         # doc_guard=desc kernels make their descriptors per document: tensors and strides, no host
         # descriptors
-        per_doc = "Q" in bmod._attn_bwd_dkdv_tma.arg_names
+        per_doc = "desc" not in dict(bmod.ABI["_attn_bwd_dkdv_tma"]).values()
         assert all(la.scratch == per_doc and (la.descriptors is None) == per_doc for la in launches[1:])
         attn_bwd_varlen(bmod, bspec, q, k, v, out, dout, lse, *grads, cu_q, cu_k, mq, mk, args, cfg, det)
         check_grads(f"{spec.uri}/tma/deterministic={det}/split_dkdv={split}",

@@ -194,24 +194,43 @@ def test_64bit_offsets_compute_the_same(monkeypatch):
         assert torch.equal(a, b)
 
 
+# Int parameters that follow sequence lengths (LSE / delta strides follow Sq or the packed length)
+LENGTH_INTS = ("seqlen_q", "seqlen_k", "num_m_blocks", "num_n_blocks", "num_items", "diag_offset", "window_left",
+               "window_right", "stride_lz", "stride_lh", "stride_lm")
+
+
 def test_length_ints_are_not_specialized():
     """Every generated kernel passes sequence lengths, block counts, mask offsets and LSE strides
-    unspecialized (Triton would compile again when one of them changes divisibility)."""
-    from attngen.codegen.render import LENGTH_INTS
-
+    unspecialized (Triton would compile again when one of them changes divisibility), and its
+    batch / head / sequence strides too when a head dim is not a multiple of 16. Each entry point's
+    exported ABI names its parameters in the signature's order, and its do_not_specialize list is
+    what its roles say."""
     manifest = json.loads((ROOT / "generated" / "manifest.json").read_text())["kernels"]
     checked = 0
     for ent in manifest.values():
-        tree = ast.parse((ROOT / "generated" / ent["file"]).read_text())
-        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef)):
-            for dec in fn.decorator_list:
-                if not isinstance(dec, ast.Call):
-                    continue
-                dns = {ast.literal_eval(x) for kw in dec.keywords if kw.arg == "do_not_specialize"
-                       for x in kw.value.elts}
-                params = {a.arg for a in fn.args.args}
-                assert params & set(LENGTH_INTS) <= dns, (ent["file"], fn.name, params & set(LENGTH_INTS) - dns)
-                checked += 1
+        src = (ROOT / "generated" / ent["file"]).read_text()
+        tree = ast.parse(src)
+        # ABI["<entry point>"] = ((parameter, role), ...) records; VARIANTS = tuple(ABI)
+        abi = {n.targets[0].slice.value: ast.literal_eval(n.value) for n in tree.body
+               if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Subscript)
+               and ast.unparse(n.targets[0].value) == "ABI"}
+        assert "VARIANTS = tuple(ABI)" in src, ent["file"]
+        variants = tuple(abi)
+        spec = ent["kernel_spec"]
+        follow = spec["head_dim_qk"] % 16 or spec["head_dim_v"] % 16
+        fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        assert variants == tuple(abi) and set(variants) <= set(fns), ent["file"]
+        for name in variants:
+            fn = fns[name]
+            params = [a.arg for a in fn.args.args]
+            assert [n for n, _ in abi[name]] == params, (ent["file"], name)
+            (dec,) = [d for d in fn.decorator_list if isinstance(d, ast.Call)]
+            dns = {ast.literal_eval(x) for kw in dec.keywords if kw.arg == "do_not_specialize" for x in kw.value.elts}
+            assert set(params) & set(LENGTH_INTS) <= dns, (ent["file"], name, set(params) & set(LENGTH_INTS) - dns)
+            assert dns == {n for n, role in abi[name] if role == "length" or (role == "stride" and follow)}
+            if follow:
+                assert {n for n in params if n.startswith("stride_") and n[-1] in "zhmn"} <= dns, (ent["file"], name)
+            checked += 1
     assert checked >= len(manifest)
 
 

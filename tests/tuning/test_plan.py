@@ -46,7 +46,7 @@ def test_study_name_follows_template_and_space(monkeypatch):
                                         kernels="attn_fwd_bf16_hd128_gqa4_causal_sm90",
                                         shapes=[parse_bucket("q4096_k4096_bh64")]))
     uri, h, cls, bucket, sp = t.study_name.split(".")
-    assert (uri, h, cls, bucket) == (t.spec.uri, t.template_hash, "h100", "q4096_k4096_bh64")
+    assert (uri, h, cls, bucket) == (t.spec.uri, t.kernel_hash, "h100", "q4096_k4096_bh64")
     monkeypatch.setitem(fwd_family.TARGET_SPACES, "sm90", {"num_warps": (4,)})
     assert t.study_name.split(".")[4] != sp
 

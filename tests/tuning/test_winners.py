@@ -195,7 +195,7 @@ def test_stale_template_is_ignored_with_one_warning(db):
         warnings.simplefilter("always")
         for _ in range(3):
             assert winners.lookup(URI, "new", "h100", bucket_of(1024, 1024, 32)) is None
-    assert len(w) == 1 and "template hash old" in str(w[0].message) and URI in str(w[0].message)
+    assert len(w) == 1 and "kernel hash old" in str(w[0].message) and URI in str(w[0].message)
 
 
 def test_fresh_winners_serve_beside_stale_ones(db):
@@ -276,7 +276,7 @@ def test_the_runtime_serves_a_tuned_winner_and_its_warm_calls_never_read_the_dat
     tuned = FwdConfig(32, 32, 4, 1)  # not the default table's choice for any class
     assert dispatch.family("fwd").default(spec, "cuda", 64) != tuned
     key = bucket_of(40, 40, 4).key
-    write(db, [(spec.uri, loader.load(spec).TEMPLATE_HASH, "fwd", "h100", key, dataclasses.asdict(tuned))])
+    write(db, [(spec.uri, loader.load(spec).KERNEL_HASH, "fwd", "h100", key, dataclasses.asdict(tuned))])
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
     monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
     api.clear_plans()

@@ -1,0 +1,78 @@
+"""The kernel hash (a generated module's content hash without its stamp), by which tuned winners
+are keyed: it moves with the module's code and nothing else."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+from attngen.codegen.naming import kernel_hash
+from attngen.codegen.render import render
+from attngen.env import REPO_ROOT
+from attngen.spec import KernelSpec
+
+GENERATED = REPO_ROOT / "generated"
+
+
+def spec(**changes) -> KernelSpec:
+    base = KernelSpec(family="fwd", dtype="fp16", target="sm90", head_dim_qk=128, head_dim_v=128, gqa_ratio=4,
+                      mask="causal", softcap=False, varlen=False)
+    return base.replace(**changes)
+
+
+def _constant(src: str, name: str) -> str:
+    (line,) = [ln for ln in src.splitlines() if ln.startswith(f"{name} = ")]
+    return json.loads(line.split(" = ", 1)[1])
+
+
+def test_every_generated_module_carries_the_hash_of_its_source():
+    manifest = json.loads((GENERATED / "manifest.json").read_text())["kernels"]
+    for ent in manifest.values():
+        src = (GENERATED / ent["file"]).read_text()
+        assert _constant(src, "KERNEL_HASH") == kernel_hash(src), ent["file"]
+        assert f"# hash:     {kernel_hash(src)} " in src
+
+
+def test_stamp_changes_leave_the_hash_alone():
+    ks = spec()
+    a, b = render(ks), render(ks, sources=("specs/x.yaml#e (sha256 0123456789abcdef)",))
+    assert a != b and kernel_hash(a) == kernel_hash(b)
+
+
+def test_comments_and_blank_lines_leave_the_hash_alone():
+    src = render(spec())
+    moved = src.replace("\n\n\n@triton.jit", "\n\n# a comment\n\n\n@triton.jit", 1)
+    assert moved != src and kernel_hash(moved) == kernel_hash(src)
+    assert kernel_hash(src.replace("BLOCK_N: tl.constexpr", "BLOCK_N: tl.constexpr ", 1)) == kernel_hash(src)
+    assert kernel_hash(src.replace("tl.arange(0, BLOCK_M)", "tl.arange(0, BLOCK_N)", 1)) != kernel_hash(src)
+
+
+def test_partial_change_moves_only_the_modules_whose_code_it_changes(tmp_path):
+    """An edit to a partial the module's code does not use (the backward's Gluon main loop, for a
+    forward kernel; a comment anywhere) keeps its hash, though the template hash moves; an edit
+    to the module's code moves it."""
+    root = tmp_path / "templates"
+    shutil.copytree(REPO_ROOT / "templates", root)
+    fwd, bwd = spec(), spec(family="bwd")
+    before = {s.family: kernel_hash(render(s, root=root)) for s in (fwd, bwd)}
+    ws_bwd = root / "_bwd_ws_dq.py.jinja"
+    ws_bwd.write_text(ws_bwd.read_text() + "{# changed #}\n")
+    (root / "_common.py.jinja").write_text((root / "_common.py.jinja").read_text() + "{# changed #}\n")
+    assert kernel_hash(render(fwd, root=root)) == before["fwd"]
+    fam = root / "attn_fwd.py.jinja"
+    fam.write_text(fam.read_text().replace("off_hkv = off_h // GQA", "off_hkv = off_h // GQA + 0", 1))
+    assert kernel_hash(render(fwd, root=root)) != before["fwd"]
+
+
+def test_every_shipped_winner_finds_its_module():
+    """The shipped database's winners are keyed by the KERNEL_HASH of a module of generated/ (a
+    stale winner is ignored by the runtime: the shipped one must not be)."""
+    manifest = json.loads((GENERATED / "manifest.json").read_text())["kernels"]
+    current = {uri: _constant((GENERATED / ent["file"]).read_text(), "KERNEL_HASH") for uri, ent in manifest.items()}
+    conn = sqlite3.connect(f"file:{REPO_ROOT / 'tuning_db' / 'attngen.sqlite'}?mode=ro", uri=True)
+    rows = conn.execute("SELECT k.uri, k.template_hash FROM attngen_kernels k "
+                        "JOIN attngen_winners w ON w.kernel_id = k.id").fetchall()
+    conn.close()
+    assert rows
+    assert [(uri, h) for uri, h in rows if current.get(uri) != h] == []
