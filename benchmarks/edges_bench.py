@@ -38,8 +38,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import attngen
 from attngen.bench.cases import FWDBWD_FLOP_FACTOR
 from attngen.bench.report import git_commit
-from attngen.kernels import bwd as kbwd
-from attngen.kernels import fwd as kfwd
+from attngen.families import bwd as kbwd
+from attngen.families import fwd as kfwd
 from attngen.problem import Problem
 from attngen.runtime import api, loader, plan, validate
 from attngen.runtime.plans import CompiledLaunch

@@ -8,7 +8,7 @@ made of them: registers, spilled bytes, shared memory, and how each wgmma takes 
     ... --switch name=value   (a codegen option, attngen.codegen.render.template_context)
     ... --dump DIR            (ttgir, ptx and sass of every launch)
 
-The launches are the launcher's own (attngen.kernels.fwd / bwd on small CPU tensors), so the
+The launches are the launcher's own (attngen.families.fwd / bwd on small CPU tensors), so the
 probe compiles exactly the specialization the runtime would run, with tensor descriptors where
 the config asks for TMA.
 """
@@ -34,9 +34,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from attngen.codegen.render import render  # noqa: E402
-from attngen.kernels.bwd import bwd_launches  # noqa: E402
+from attngen.families.bwd import bwd_launches  # noqa: E402
 from attngen.kernels.common import MaskArgs, mask_kind  # noqa: E402
-from attngen.kernels.fwd import fwd_launches  # noqa: E402
+from attngen.families.fwd import fwd_launches  # noqa: E402
 from attngen.kernels.launch import make_descriptors  # noqa: E402
 from attngen.runtime import loader  # noqa: E402
 from attngen.spec import KernelSpec  # noqa: E402

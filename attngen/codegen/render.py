@@ -10,7 +10,7 @@ import jinja2
 from attngen import env
 from attngen._version import __version__
 from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash, sha256
-from attngen.configs import WS_BWD_HEAD_DIMS, WS_HEAD_DIMS, ws_backward, ws_forward  # noqa: F401
+from attngen.families import family
 from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
 
 
@@ -156,8 +156,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "dp_first": dp_first,
         "doc_desc": doc_guard == "desc",
         "doc_zero": doc_guard == "zero",
-        "ws_fwd": ws_forward(spec),
-        "ws_bwd": ws_backward(spec),
+        # the optional kernels the family gives this spec (Family.variants): the Gluon kernels
+        "ws_fwd": spec.family == "fwd" and family("fwd").variants(spec)["ws"],
+        "ws_bwd": spec.family == "bwd" and family("bwd").variants(spec)["ws"],
         "tile_order": tile_order,
         "dq_reverse": dq_reverse,
     }

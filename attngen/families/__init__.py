@@ -2,7 +2,7 @@
 filter, search space, default tables, the optional kernels a spec's module gets, and a Family
 record naming its template, launcher and tuning hooks) plus its templates. Codegen, the runtime,
 the tuner and the database look a family up here; docs/adding-a-family.md says how to add one.
-Pure Python: no torch, triton or jinja2 (launchers and hooks are imported on first use)."""
+No jinja2, optuna or SQLAlchemy: the runtime plans calls through these modules."""
 
 from __future__ import annotations
 

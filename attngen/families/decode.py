@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from attngen.families.base import Family, _pow2, require_valid
+from attngen.kernels.launch import Launch, programs
 from attngen.spec import KernelSpec
 
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
@@ -109,8 +110,6 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of partial_shapes() (unused
     with one split). cache_seqlens (B,) int32: keys already in each row's cache (new_len more are
     seen by this call), or None: every row holds k_cache.shape[1] keys."""
-    from attngen.kernels.launch import Launch, programs
-
     require_valid_decode(spec, cfg)
     B, sq, hq, _ = q.shape
     hkv = k_cache.shape[2]
@@ -132,17 +131,17 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "page_size": k_cache.shape[1] if paged else 1,
         "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
         "window_left": mask.window_left, "window_right": mask.window_right,
-        "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
+        "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
         "SPLIT": split,
     }
     grid = programs(num_splits * hkv, B, "q") if B and sq else 0
-    launches = [Launch(mod._attn_decode, grid, values, cfg.num_warps, cfg.num_stages)]
+    launches = [Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages)]
     if split:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
                                           "stride_lz", "stride_lh", "stride_lm", "num_kv_heads", "seqlen_q",
-                                          "num_splits", "BLOCK_M")}
+                                          "num_splits", "GQA", "BLOCK_M")}
         combine["BLOCK_S"] = max(2, 1 << (num_splits - 1).bit_length())
-        launches.append(Launch(mod._attn_decode_combine, B * hkv if grid else 0, combine, 4, 1))
+        launches.append(Launch.of(mod, "_attn_decode_combine", B * hkv if grid else 0, combine, 4, 1))
     return launches
 
 

@@ -27,9 +27,9 @@ import torch
 
 from attngen import env
 from attngen.families import family as family_of
-from attngen.kernels.bwd import attn_bwd, attn_bwd_varlen
+from attngen.families.bwd import attn_bwd, attn_bwd_varlen
 from attngen.kernels.common import MaskArgs, mask_kind
-from attngen.kernels.fwd import attn_fwd, attn_fwd_varlen
+from attngen.families.fwd import attn_fwd, attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec, SpecEntry
 from attngen.problem import Problem, attention_ref, keep_mask

@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from attngen.kernels.bwd import attn_bwd, bwd_launches
+from attngen.families.bwd import attn_bwd, bwd_launches
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.fwd import attn_fwd
+from attngen.families.fwd import attn_fwd
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
 from attngen.configs import BwdConfig, check_bwd, default_bwd_config, default_fwd_config

@@ -19,7 +19,7 @@ from attngen.bench.cases import CASES_BY_NAME, case_flops
 from attngen.bench.providers import _prepare_attngen
 from attngen.bench.run import make_inputs, make_step
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.fwd import attn_fwd_varlen
+from attngen.families.fwd import attn_fwd_varlen
 from attngen.runtime import api, loader
 from attngen.spec import KernelSpec
 from attngen.configs import WS_DEFAULT, FwdConfig

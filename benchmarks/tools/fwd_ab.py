@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attngen.codegen.render import render
 from attngen.kernels.common import MaskArgs, mask_kind
-from attngen.kernels.fwd import attn_fwd
+from attngen.families.fwd import attn_fwd
 from attngen.runtime import loader
 from attngen.spec import KernelSpec
 from attngen.bench.probe import parse_config

@@ -212,7 +212,7 @@ def attention_ws(q, k, v, causal, cfg, out=None, lse=None):
     """The warp-specialized design as the build generates it (templates/_mainloop_ws.py.jinja,
     FwdConfig.consumers=2): M,N,0,S runs it with N-key blocks and S stages."""
     from attngen.kernels.common import MaskArgs
-    from attngen.kernels.fwd import attn_fwd
+    from attngen.families.fwd import attn_fwd
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.configs import FwdConfig

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 import triton
 
-from attngen.kernels.bwd import attn_bwd_varlen
+from attngen.families.bwd import attn_bwd_varlen
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.fwd import attn_fwd_varlen
+from attngen.families.fwd import attn_fwd_varlen
 from attngen.problem import Problem
 from attngen.runtime import loader
 from attngen.spec import KernelSpec

@@ -461,7 +461,7 @@ def test_warp_specialized_forward_is_generated_where_it_exists():
 
     from attngen.codegen.render import render
     from attngen.kernels.common import MaskArgs
-    from attngen.kernels.fwd import fwd_launches
+    from attngen.families.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.problem import random_inputs
@@ -522,7 +522,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     does not run Gluon), with the fallback's tiles; asked for Gluon (as the compile probe does),
     it launches both Gluon passes."""
     from attngen.codegen.render import render
-    from attngen.kernels.bwd import bwd_launches
+    from attngen.families.bwd import bwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.configs import WS_BWD_DEFAULT, bwd_triton_fallback
@@ -558,7 +558,7 @@ def test_backward_with_split_roles_launches_one_program_per_64_keys():
     """hd256 (BwdConfig.roles, its default): the Gluon dK/dV pass with both consumers on a
     program's 64 keys (K / V / dK / dV descriptors of 64 rows, one program per 64 keys) and the
     Triton TMA dQ pass; on CPU tensors the split Triton dK / dV launches instead."""
-    from attngen.kernels.bwd import bwd_launches
+    from attngen.families.bwd import bwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.configs import WS_BWD_ROLES, default_bwd_config
@@ -585,7 +585,7 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
     import torch
 
     from attngen.kernels.common import MaskArgs
-    from attngen.kernels.fwd import fwd_launches
+    from attngen.families.fwd import fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.problem import random_inputs

@@ -57,7 +57,7 @@ class _Sm90Run:
         self.module = loader.load(self.spec)
 
     def kernel_names(self, cfg) -> list[str]:
-        from attngen.kernels.bwd import bwd_launches
+        from attngen.families.bwd import bwd_launches
 
         q, k, v = self.inputs
         return [la.fn.__name__ for la in bwd_launches(
@@ -66,7 +66,7 @@ class _Sm90Run:
 
     def backward(self, cfg, deterministic: bool) -> tuple:
         """(dq, dk, dv) through the launcher (outputs poisoned first)."""
-        from attngen.kernels.bwd import attn_bwd
+        from attngen.families.bwd import attn_bwd
 
         grads = tuple(torch.full_like(t, float("nan")) for t in self.inputs)
         attn_bwd(self.module, self.spec, *self.inputs, self.out, self.dout, self.lse, *grads, self.args, cfg,

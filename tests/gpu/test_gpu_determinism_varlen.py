@@ -138,7 +138,7 @@ def test_varlen_gluon_forward_matches_reference_and_isolates(consumers, pair, pe
     import dataclasses
 
     from attngen.kernels.common import MaskArgs, mask_kind
-    from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
+    from attngen.families.fwd import attn_fwd_varlen, fwd_launches
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
     from attngen.configs import WS_DEFAULT, check_fwd
@@ -181,7 +181,7 @@ def test_varlen_gluon_backward_roles_matches_reference_and_isolates():
     neighbours' dK / dV bit for bit as in the clean run."""
     import dataclasses
 
-    from attngen.kernels.bwd import attn_bwd_varlen, bwd_launches
+    from attngen.families.bwd import attn_bwd_varlen, bwd_launches
     from attngen.kernels.common import MaskArgs, mask_kind
     from attngen.runtime import loader
     from attngen.spec import KernelSpec

@@ -173,7 +173,7 @@ def test_tma_knobs_forward_matches_float64_reference(c: Shape, knobs: dict, gpu_
     import math
 
     from attngen.kernels.common import MaskArgs, mask_kind
-    from attngen.kernels.fwd import attn_fwd
+    from attngen.families.fwd import attn_fwd
     from attngen.runtime import loader
     from attngen.runtime.dispatch import native_target
     from attngen.configs import check_fwd

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from attngen.kernels.bwd import attn_bwd
+from attngen.families.bwd import attn_bwd
 from attngen.kernels.common import MaskArgs, mask_kind
-from attngen.kernels.fwd import attn_fwd
+from attngen.families.fwd import attn_fwd
 from attngen.runtime.loader import load_path
 from attngen.problem import random_inputs
 from attngen.testing import check_grads
@@ -80,7 +80,7 @@ def test_sm90_split_dkdv(hd):
     """split_dkdv: dK and dV from two launches of the TMA dK/dV kernel (WANT_DK / WANT_DV), on
     both dQ paths (the reduce-adds of atomic dQ in the dK launch): the same gradients, bit for bit,
     as the one launch that computes both (same tiles, same accumulation order)."""
-    from attngen.kernels.bwd import bwd_launches
+    from attngen.families.bwd import bwd_launches
 
     spec, path = next((s, p) for s, p in KERNELS if s.target == "sm90" and s.head_dim_qk == hd)
     case = cases_for(spec)[0]
@@ -111,7 +111,7 @@ def test_sm90_backward_goes_through_the_tma_kernels():
     tensor and head-dim tile (query-side tiles of the pass's query block, key-side of its key
     block), the atomic path adding dQ by TMA reduce-adds; they compute the same gradients as the
     pointer kernels. The sm80 family keeps the pointer kernels."""
-    from attngen.kernels.bwd import bwd_launches
+    from attngen.families.bwd import bwd_launches
 
     spec, path = next((s, p) for s, p in KERNELS if s.target == "sm90" and s.head_dim_qk == 96
                       and s.dtype == "fp16")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attngen.kernels.common import MaskArgs, mask_kind
-from attngen.kernels.fwd import attn_fwd
+from attngen.families.fwd import attn_fwd
 from attngen.runtime.loader import load_path
 from attngen.testing import assert_flash_rule, assert_lse_close, max_err
 from attngen.configs import FwdConfig

@@ -79,9 +79,9 @@ def run_sm90_tma(spec, fpath, bpath, lens_q, lens_k, hkv, causal, window=(-1, -1
     with Q and dO in registers); outputs poisoned first,
     checked against the per-document float64 reference with the flash-attn rules."""
     import attngen.interp
-    from attngen.kernels.bwd import attn_bwd_varlen, bwd_launches
+    from attngen.families.bwd import attn_bwd_varlen, bwd_launches
     from attngen.kernels.common import MaskArgs, mask_kind
-    from attngen.kernels.fwd import attn_fwd_varlen, fwd_launches
+    from attngen.families.fwd import attn_fwd_varlen, fwd_launches
     from attngen.runtime.loader import load_path
     from attngen.configs import BwdConfig, FwdConfig
 
@@ -166,9 +166,9 @@ def run_tma_documents(spec, fpath, bpath, q, k, v, dout, lens):
     """Forward (plain and warp-specialized key loops) and backward (both dQ paths) of the sm90 TMA
     document kernels on 32-row tiles, outputs poisoned first: [out, lse, dq, dk, dv] per run."""
     import attngen.interp
-    from attngen.kernels.bwd import attn_bwd_varlen
+    from attngen.families.bwd import attn_bwd_varlen
     from attngen.kernels.common import MaskArgs
-    from attngen.kernels.fwd import attn_fwd_varlen
+    from attngen.families.fwd import attn_fwd_varlen
     from attngen.runtime.loader import load_path
     from attngen.configs import BwdConfig, FwdConfig
 

@@ -25,8 +25,8 @@ import torch
 import triton
 
 import attngen
-from attngen.kernels import bwd as kbwd
-from attngen.kernels import fwd as kfwd
+from attngen.families import bwd as kbwd
+from attngen.families import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID
 from attngen.runtime import api, dispatch, loader
 from attngen.runtime import validate

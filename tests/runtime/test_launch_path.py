@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attngen
-from attngen.kernels import bwd as kbwd
-from attngen.kernels import fwd as kfwd
+from attngen.families import bwd as kbwd
+from attngen.families import fwd as kfwd
 from attngen.kernels.launch import MAX_GRID, needs_int64, programs
 from attngen.runtime import api, loader
 from attngen.runtime import validate
