@@ -155,8 +155,81 @@ def require_valid_decode(spec: KernelSpec, cfg: DecodeConfig) -> None:
     require_valid(spec, cfg, check_decode)
 
 
+# ------------------------------------------------------------------------------------------------
+# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
+
+
+class TuningHooks:
+    """One query token per row on a full cache of seqlen_k keys (the bucket's): q (B, Sq, Hq, D),
+    caches (B, S, Hkv, D); the reference per batch row in float64; throughput in GB/s of K and V
+    read (the cache once)."""
+
+    factor = 2.0
+    outputs = ("out", "lse")
+    unit = "GB/s"
+
+    def throughput(self, obj, ms: float) -> float:
+        p = obj.problem
+        kv_bytes = p.batch * p.seqlen_k * p.heads_kv * (p.head_dim_qk + p.head_dim_v) * obj.dtype.itemsize
+        return kv_bytes / ms / 1e6
+
+    def inputs(self, obj, seed: int) -> dict:
+        import torch
+
+        p = obj.problem
+        g = torch.Generator(device=obj.device).manual_seed(1000 + seed)
+
+        def randn(*shape):
+            return torch.randn(shape, generator=g, device=obj.device, dtype=torch.float32).to(obj.dtype)
+
+        return {"q": randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim_qk),
+                "k": randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim_qk),
+                "v": randn(p.batch, p.seqlen_k, p.heads_kv, p.head_dim_v),
+                "out": torch.empty(p.batch, p.seqlen_q, p.heads_q, p.head_dim_v, device=obj.device, dtype=obj.dtype),
+                "lse": torch.empty(p.batch, p.heads_q, p.seqlen_q, device=obj.device, dtype=torch.float32)}
+
+    def launch(self, obj, cfg, t: dict) -> None:
+        import torch
+
+        from attngen.kernels.launch import sm_count
+
+        p = obj.problem
+        n, split_len = splits(cfg, p.batch, p.heads_kv, p.seqlen_k, sm_count(obj.device))
+        part, lse_part = partial_shapes(p.batch, p.heads_kv, n, rows_tile(obj.spec.gqa_ratio, p.seqlen_q),
+                                        p.head_dim_v)
+        op = torch.empty(part, device=obj.device) if n > 1 else None
+        lp = torch.empty(lse_part, device=obj.device) if n > 1 else None
+        for la in decode_launches(obj.mod, obj.spec, t["q"], t["k"], t["v"], t["out"], t["lse"], op, lp, obj.mask,
+                                  cfg, n, split_len):
+            la.run()
+
+    def reference(self, obj, t: dict) -> dict:
+        import torch
+
+        from attngen.problem import attention_ref
+
+        p = obj.problem
+        kw = dict(causal=p.causal, window_size=p.window, softcap=p.softcap, scale=p.softmax_scale)
+        outs = {"out64": [], "lse64": [], "out_pt": []}
+        for b in range(p.batch):  # one row at a time: the float64 copy of a long cache is large
+            q, k, v = (t[n][b:b + 1].transpose(1, 2) for n in ("q", "k", "v"))
+            o64, l64 = attention_ref(q, k, v, **kw)
+            opt, _ = attention_ref(q, k, v, upcast=False, **kw)
+            outs["out64"].append(o64.transpose(1, 2))
+            outs["lse64"].append(l64)
+            outs["out_pt"].append(opt.transpose(1, 2))
+        return {n: torch.cat(xs) for n, xs in outs.items()}
+
+    def check(self, obj, name: str, t: dict, ref: dict) -> None:
+        from attngen.testing import assert_flash_rule, assert_lse_close
+
+        assert_flash_rule(f"{name} out", t["out"], ref["out64"], ref["out_pt"], self.factor, 1e-5)
+        assert_lse_close(f"{name} lse", t["lse"], ref["lse64"])
+
+
+
 FAMILY = Family(
     "decode", "attn_decode.py.jinja", DecodeConfig, check_decode,
     lambda spec, kind, seqlen_q=0, window=None: default_decode_config(spec, kind),
     ("_attn_decode", "_attn_decode_combine"), "attngen.families.decode:decode_launches", 1.0, ("out", "lse"),
-    space=SPACE, portable=lambda cfg, spec: cfg, variants=variants, hooks="attngen.tuning.hooks:DecodeHooks")
+    space=SPACE, portable=lambda cfg, spec: cfg, variants=variants, hooks="attngen.families.decode:TuningHooks")

@@ -457,6 +457,122 @@ def attn_fwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, cu_seq
         launch.run()
 
 
+# ------------------------------------------------------------------------------------------------
+# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
+
+REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)
+
+
+class TuningHooks:
+    """Inputs, launch, reference and accuracy check of one forward problem; the objective calls
+    these and never the launchers itself. `obj` is the Objective (problem, spec, mod, mask, device,
+    dtype, kind)."""
+
+    factor = 2.0  # the flash-attn rule: error <= 2 x PyTorch's in the same precision
+    outputs = ("out", "lse")
+    unit = "TFLOP/s"
+
+    def throughput(self, obj, ms: float) -> float:
+        """2 (Dqk + Dv) per attended pair and head, exact pair counts; TFLOP/s."""
+        return obj.problem.flops() * obj.family.flop_factor / ms / 1e9
+
+    def inputs(self, obj, seed: int) -> dict:
+        import torch
+
+        p, s = obj.problem, obj.spec
+        g = torch.Generator(device=obj.device).manual_seed(1000 + seed)
+        dev, dt = obj.device, obj.dtype
+
+        def randn(*shape):
+            return torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt)
+
+        if s.varlen:
+            tq, tk = p.batch * p.seqlen_q, p.batch * p.seqlen_k
+            return {"q": randn(tq, p.heads_q, s.head_dim_qk), "k": randn(tk, p.heads_kv, s.head_dim_qk),
+                    "v": randn(tk, p.heads_kv, s.head_dim_v),
+                    "out": torch.empty(tq, p.heads_q, s.head_dim_v, device=dev, dtype=dt),
+                    "lse": torch.empty(p.heads_q, tq, device=dev, dtype=torch.float32),
+                    "cu_q": torch.arange(0, tq + 1, p.seqlen_q, device=dev, dtype=torch.int32),
+                    "cu_k": torch.arange(0, tk + 1, p.seqlen_k, device=dev, dtype=torch.int32)}
+        return {"q": randn(p.batch, p.heads_q, p.seqlen_q, s.head_dim_qk),
+                "k": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_qk),
+                "v": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_v),
+                "out": torch.empty(p.batch, p.heads_q, p.seqlen_q, s.head_dim_v, device=dev, dtype=dt),
+                "lse": torch.empty(p.batch, p.heads_q, p.seqlen_q, device=dev, dtype=torch.float32)}
+
+    def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:
+        mod, spec = mod or obj.mod, spec or obj.spec
+        if spec.varlen:
+            attn_fwd_varlen(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], t["cu_q"], t["cu_k"],
+                            obj.problem.seqlen_q, obj.mask, cfg)
+        else:
+            attn_fwd(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg)
+
+    def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+        """The float64 and same-precision outputs of KV head g's query heads `hs` of one (1, H, S, D)
+        view, over query-row chunks."""
+        import torch
+
+        from attngen.problem import attention_ref
+
+        outs = {"out64": [], "lse64": [], "out_pt": []}
+        for r0 in range(0, obj.problem.seqlen_q, rows):
+            q = v["q"][:, hs, r0:r0 + rows]
+            k, vv = v["k"][:, g:g + 1], v["v"][:, g:g + 1]
+            o64, l64 = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], **kw)
+            opt, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=False, **kw)
+            outs["out64"].append(o64)
+            outs["lse64"].append(l64)
+            outs["out_pt"].append(opt)
+        return {n: torch.cat(xs, dim=2) for n, xs in outs.items()}
+
+    def reference(self, obj, t: dict) -> dict:
+        """float64 reference and same-precision PyTorch results of input set `t`, over chunks of
+        (batch or document) x KV head x query rows to bound memory."""
+        import torch
+
+        from attngen.problem import keep_mask
+
+        p, gqa = obj.problem, obj.spec.gqa_ratio
+        keep = keep_mask(p.seqlen_q, p.seqlen_k, p.causal, p.window, p.top_left, device=obj.device)
+        rows = max(16, REF_CHUNK // max(1, gqa * p.seqlen_k))
+        kw = dict(softcap=p.softcap, scale=p.softmax_scale)
+        ref: dict[str, list] = {}
+        for v in _dense_views(obj, t):
+            parts: dict[str, list] = {}
+            for g in range(p.heads_kv):
+                for n, x in self.chunk(obj, v, slice(g * gqa, (g + 1) * gqa), g, keep, rows, kw).items():
+                    parts.setdefault(n, []).append(x)
+            for n, xs in parts.items():
+                ref.setdefault(n, []).append(torch.cat(xs, dim=1))
+        out = {n: torch.cat(xs, dim=0) for n, xs in ref.items()}  # (B or docs, H, S, D)
+        if obj.spec.varlen:  # back to the packed layouts of the kernels
+            for n, x in out.items():
+                out[n] = (x.permute(1, 0, 2).reshape(x.shape[1], -1) if n.startswith("lse")
+                          else x.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3]))
+        return out
+
+    def check(self, obj, name: str, t: dict, ref: dict) -> None:
+        from attngen.testing import assert_flash_rule, assert_lse_close
+
+        assert_flash_rule(f"{name} out", t["out"], ref["out64"], ref["out_pt"], self.factor, 1e-5)
+        assert_lse_close(f"{name} lse", t["lse"], ref["lse64"])
+
+
+def _dense_views(obj, t: dict) -> list[dict]:
+    """(1, H, S, D) views of an input set: one per batch row, or one per packed document."""
+    p = obj.problem
+    if not obj.spec.varlen:
+        return [{n: t[n][b:b + 1] for n in ("q", "k", "v", "dout") if n in t} for b in range(p.batch)]
+    views = []
+    for d in range(p.batch):
+        rq, rk = slice(d * p.seqlen_q, (d + 1) * p.seqlen_q), slice(d * p.seqlen_k, (d + 1) * p.seqlen_k)
+        v = {"q": t["q"][rq], "k": t["k"][rk], "v": t["v"][rk], **({"dout": t["dout"][rq]} if "dout" in t else {})}
+        views.append({n: x.transpose(0, 1).unsqueeze(0) for n, x in v.items()})
+    return views
+
+
+
 def variants(spec: KernelSpec) -> dict[str, bool]:
     """The optional kernels of `spec`'s module: the warp-specialized Gluon forward."""
     return {"ws": ws_forward(spec)}
@@ -467,4 +583,4 @@ FAMILY = Family(
     lambda spec, kind, seqlen_q=0, window=None: default_fwd_config(spec, kind, seqlen_q),
     ("_attn_fwd", "_attn_fwd_tma", "_attn_fwd_ws"), "attngen.families.fwd:fwd_launches", 1.0, ("out", "lse"),
     space=SPACE, target_spaces=TARGET_SPACES, portable=lambda cfg, spec: pointer_fwd_config(cfg, spec),
-    variants=variants, hooks="attngen.tuning.hooks:ForwardHooks")
+    variants=variants, hooks="attngen.families.fwd:TuningHooks")

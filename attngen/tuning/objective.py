@@ -1,12 +1,12 @@
 """One kernel, one launch config, one shape: launch it, check its output against a reference, time
 it. The tuner's objective.
 
-This is the ONLY module of the tuner that calls the launchers of attngen.kernels (fwd.attn_fwd,
-fwd.attn_fwd_varlen, bwd.attn_bwd, bwd.attn_bwd_varlen), all in `_launch` and `_forward_for_bwd`:
-when their signatures change, this file changes with them and nothing else in attngen.tuning does.
+Nothing here knows a family: inputs, launches, the reference, the accuracy check and the throughput
+(TFLOP/s, or GB/s for decode) come from the family's tuning hooks (attngen/families/<name>.py,
+TuningHooks), so a new family tunes without an edit here.
 
 A config's fate, recorded by the tuner as the trial's status:
-  invalid  the validity filter (space.check_fwd / check_bwd) rejects it: never compiled
+  invalid  the family's validity filter rejects it: never compiled
   failed   compiling or launching raised (out of shared memory or registers, a compile error), or
            its output broke the accuracy rule: the error text is kept, it never wins
   ok       checked, then timed: median ms of the timer over a step that rotates input sets
@@ -27,18 +27,13 @@ import torch
 
 from attngen import env
 from attngen.families import family as family_of
-from attngen.families.bwd import attn_bwd, attn_bwd_varlen
 from attngen.kernels.common import MaskArgs, mask_kind
-from attngen.families.fwd import attn_fwd, attn_fwd_varlen
 from attngen.runtime import loader
 from attngen.spec import KernelSpec, SpecEntry
-from attngen.problem import Problem, attention_ref, keep_mask
-from attngen.testing import assert_flash_rule, assert_lse_close
+from attngen.problem import Problem
 from attngen.tuning import timing
 from attngen.buckets import ShapeBucket
 
-FWD_FACTOR, BWD_FACTOR, ATOL = 2.0, 3.0, 1e-5
-REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)
 
 Timer = Callable[..., float]  # timer(step, config: dict, problem: attngen.problem.Problem) -> ms
 
@@ -62,8 +57,9 @@ def problem_for(entry: SpecEntry, spec: KernelSpec, bucket: ShapeBucket) -> Prob
     of the GQA ratio); the entry's window, softcap, scale and causal alignment. Dense: batch x
     heads_q; varlen: `batch` packed documents of seqlen_q / seqlen_k tokens each (the bucket's
     longest document)."""
-    if bucket.decode:
-        raise ValueError(f"{bucket.key}: the decode bucket (Sq = 1) belongs to the split-KV family")
+    if bucket.decode != (spec.family == "decode"):
+        raise ValueError(f"{bucket.key}: the decode bucket (Sq = 1) belongs to the decode family, and "
+                         f"that family tunes on it only")
     gqa = spec.gqa_ratio
     bh = bucket.batch_heads
     want = entry.num_q_heads or 16 * gqa
@@ -81,7 +77,7 @@ def problem_for(entry: SpecEntry, spec: KernelSpec, bucket: ShapeBucket) -> Prob
                 dtype=spec.dtype, causal=causal, window=window, softcap=entry.softcap,
                 scale=entry.softmax_scale or 1.0 / math.sqrt(spec.head_dim_qk),
                 top_left=entry.causal_alignment == "top_left",
-                layout="packed" if spec.varlen else "bhsd")
+                layout="packed" if spec.varlen else "bshd" if spec.family == "decode" else "bhsd")
     mask = mask_kind(causal, window)[0]
     if mask != spec.mask or (entry.softcap > 0) != spec.softcap:
         raise ValueError(f"{spec.uri}: entry {entry.name!r} gives mask {mask!r}, softcap "
@@ -104,14 +100,16 @@ def _error_text(exc: BaseException, limit: int = 2000) -> str:
 
 class Objective:
     """Inputs, reference and launches of one kernel for one Problem on one device; `run(cfg)` is
-    one trial."""
+    one trial. Everything family-specific comes from the family's tuning hooks (Family.hooks:
+    inputs, launch, reference, check, throughput): nothing here branches on a family name."""
 
     def __init__(self, spec: KernelSpec, problem: Problem, device: str | torch.device = "cuda",
                  timer: Timer | None = None, seed: int = 0, light: bool = False):
         """light: one input set and no reference (tuning/precompile.py launches, never checks)."""
         self.problem = problem
         self.spec = spec
-        self.family = self.spec.family
+        self.family = family_of(spec.family)
+        self.hooks = self.family.tuning_hooks()
         self.device = torch.device(device)
         self.timer = timer or timing.do_bench_median
         self.dtype = problem.torch_dtype
@@ -122,180 +120,41 @@ class Objective:
             patch_interpreter()
         self.mod = loader.load(self.spec)
         self.mask = mask_args(problem)
-        # 2 (Dqk + Dv) per attended pair and head (the forward); the backward counts 2.5 times
-        # that (attngen bench's convention). Exact pair counts for every mask.
-        self.flops = problem.flops() * family_of(self.family).flop_factor
-        self.fwd_spec = self.spec.replace(family="fwd")
-        self.fwd_mod = loader.load(self.fwd_spec) if self.family == "bwd" else None
-        first = self._make_set(seed)
+        first = self.hooks.inputs(self, seed)
         n = 1 if light else timing.rotation_sets(sum(t.numel() * t.element_size() for t in first.values()),
                                                  timing.l2_bytes(self.device))
-        self.sets = [first] + [self._make_set(seed + i) for i in range(1, n)]
-        self.ref = None if light else self._reference(first)
+        self.sets = [first] + [self.hooks.inputs(self, seed + i) for i in range(1, n)]
+        self.ref = None if light else self.hooks.reference(self, first)
 
-    # ---- inputs -----------------------------------------------------------------------------
-    def _make_set(self, seed: int) -> dict[str, torch.Tensor]:
-        p, s = self.problem, self.spec
-        g = torch.Generator(device=self.device).manual_seed(1000 + seed)
-        dev, dt = self.device, self.dtype
+    @property
+    def unit(self) -> str:
+        """What Outcome.tflops measures for this family: "TFLOP/s", or "GB/s" (decode)."""
+        return self.hooks.unit
 
-        def randn(*shape):
-            return torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt)
+    def throughput(self, ms: float) -> float:
+        return self.hooks.throughput(self, ms)
 
-        if s.varlen:
-            tq, tk = p.batch * p.seqlen_q, p.batch * p.seqlen_k
-            t = {"q": randn(tq, p.heads_q, s.head_dim_qk), "k": randn(tk, p.heads_kv, s.head_dim_qk),
-                 "v": randn(tk, p.heads_kv, s.head_dim_v),
-                 "out": torch.empty(tq, p.heads_q, s.head_dim_v, device=dev, dtype=dt),
-                 "lse": torch.empty(p.heads_q, tq, device=dev, dtype=torch.float32),
-                 "cu_q": torch.arange(0, tq + 1, p.seqlen_q, device=dev, dtype=torch.int32),
-                 "cu_k": torch.arange(0, tk + 1, p.seqlen_k, device=dev, dtype=torch.int32)}
-        else:
-            t = {"q": randn(p.batch, p.heads_q, p.seqlen_q, s.head_dim_qk),
-                 "k": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_qk),
-                 "v": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_v),
-                 "out": torch.empty(p.batch, p.heads_q, p.seqlen_q, s.head_dim_v, device=dev, dtype=dt),
-                 "lse": torch.empty(p.batch, p.heads_q, p.seqlen_q, device=dev, dtype=torch.float32)}
-        if self.family == "bwd":
-            t["dout"] = randn(*t["out"].shape)
-            t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
-            self._forward_for_bwd(t)
-        return t
-
-    def _outputs(self, t: dict) -> tuple[str, ...]:
-        return family_of(self.family).outputs
-
-    # ---- the launchers (the only calls into attngen.kernels) ----------------------------------
-    def _forward_for_bwd(self, t: dict) -> None:
-        """out and lse of a backward input set, by the forward kernel with its default config."""
-        cfg = family_of("fwd").default(self.fwd_spec, self.kind, self.problem.seqlen_q)
-        if self.spec.varlen:
-            attn_fwd_varlen(self.fwd_mod, self.fwd_spec, t["q"], t["k"], t["v"], t["out"], t["lse"],
-                            t["cu_q"], t["cu_k"], self.problem.seqlen_q, self.mask, cfg)
-        else:
-            attn_fwd(self.fwd_mod, self.fwd_spec, t["q"], t["k"], t["v"], t["out"], t["lse"],
-                     self.mask, cfg)
-
-    def _launch(self, cfg, t: dict) -> None:
-        p, s = self.problem, self.spec
-        if self.family == "fwd":
-            if s.varlen:
-                attn_fwd_varlen(self.mod, s, t["q"], t["k"], t["v"], t["out"], t["lse"], t["cu_q"],
-                                t["cu_k"], p.seqlen_q, self.mask, cfg)
-            else:
-                attn_fwd(self.mod, s, t["q"], t["k"], t["v"], t["out"], t["lse"], self.mask, cfg)
-        elif s.varlen:
-            attn_bwd_varlen(self.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"],
-                            t["dq"], t["dk"], t["dv"], t["cu_q"], t["cu_k"], p.seqlen_q, p.seqlen_k,
-                            self.mask, cfg, False)
-        else:
-            attn_bwd(self.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"],
-                     t["dk"], t["dv"], self.mask, cfg, False)
-
-    # ---- reference --------------------------------------------------------------------------
-    def _dense_views(self, t: dict) -> list[tuple[slice, dict]]:
-        """(B, H, S, D) views of the input set: one per batch row, or one per packed document."""
-        p = self.problem
-        if not self.spec.varlen:
-            return [(b, {n: t[n][b:b + 1] for n in ("q", "k", "v", "dout") if n in t})
-                    for b in range(p.batch)]
-        views = []
-        for d in range(p.batch):
-            rq = slice(d * p.seqlen_q, (d + 1) * p.seqlen_q)
-            rk = slice(d * p.seqlen_k, (d + 1) * p.seqlen_k)
-            v = {"q": t["q"][rq], "k": t["k"][rk], "v": t["v"][rk]}
-            if "dout" in t:
-                v["dout"] = t["dout"][rq]
-            views.append((d, {n: x.transpose(0, 1).unsqueeze(0) for n, x in v.items()}))
-        return views
-
-    def _reference(self, t: dict) -> dict[str, torch.Tensor]:
-        """float64 reference and same-precision PyTorch results of input set `t`, computed over
-        chunks of (batch or document) x KV head x query rows to bound memory."""
-        p = self.problem
-        gqa = self.spec.gqa_ratio
-        keep = keep_mask(p.seqlen_q, p.seqlen_k, p.causal, p.window, p.top_left, device=self.device)
-        rows = max(16, REF_CHUNK // max(1, gqa * p.seqlen_k))
-        kw = dict(softcap=p.softcap, scale=p.scale)
-        views = self._dense_views(t)
-        ref: dict[str, list] = {}
-        for idx, v in views:
-            parts: dict[str, torch.Tensor] = {}
-            for g in range(p.heads_kv):
-                hs = slice(g * gqa, (g + 1) * gqa)
-                if self.family == "fwd":
-                    outs = {"out64": [], "lse64": [], "out_pt": []}
-                    for r0 in range(0, p.seqlen_q, rows):
-                        q = v["q"][:, hs, r0:r0 + rows]
-                        k, vv = v["k"][:, g:g + 1], v["v"][:, g:g + 1]
-                        o64, l64 = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], **kw)
-                        opt, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=False, **kw)
-                        outs["out64"].append(o64)
-                        outs["lse64"].append(l64)
-                        outs["out_pt"].append(opt)
-                    for n, xs in outs.items():
-                        parts.setdefault(n, []).append(torch.cat(xs, dim=2))
-                else:
-                    for n, x in self._grads_chunk(v, hs, g, keep, rows, kw).items():
-                        parts.setdefault(n, []).append(x)
-            for n, xs in parts.items():
-                ref.setdefault(n, []).append(torch.cat(xs, dim=1))
-        out = {n: torch.cat(xs, dim=0) for n, xs in ref.items()}  # (B or docs, H, S, D)
-        if self.spec.varlen:  # back to the packed layouts of the kernels
-            for n, x in out.items():
-                if n.startswith("lse"):
-                    out[n] = x.permute(1, 0, 2).reshape(x.shape[1], -1)
-                else:
-                    out[n] = x.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3])
-        return out
-
-    def _grads_chunk(self, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
-        p = self.problem
-        res = {}
-        for tag, upcast in (("64", True), ("_pt", False)):
-            conv = (lambda x: x.double()) if upcast else (lambda x: x)
-            k = conv(v["k"][:, g:g + 1]).detach().clone().requires_grad_(True)
-            vv = conv(v["v"][:, g:g + 1]).detach().clone().requires_grad_(True)
-            dk = torch.zeros(k.shape, dtype=torch.float64, device=k.device)
-            dv = torch.zeros(vv.shape, dtype=torch.float64, device=k.device)
-            dqs = []
-            for r0 in range(0, p.seqlen_q, rows):
-                q = conv(v["q"][:, hs, r0:r0 + rows]).detach().clone().requires_grad_(True)
-                o, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=upcast, **kw)
-                dout = conv(v["dout"][:, hs, r0:r0 + rows])
-                gq, gk, gv = torch.autograd.grad(o, (q, k, vv), dout)
-                dqs.append(gq.double())
-                dk += gk.double()
-                dv += gv.double()
-            res[f"dq{tag}"], res[f"dk{tag}"], res[f"dv{tag}"] = torch.cat(dqs, dim=2), dk, dv
-        return res
+    def launch(self, cfg, t: dict) -> None:
+        self.hooks.launch(self, cfg, t)
 
     def check(self, t: dict) -> str | None:
         """None when the kernel's outputs in `t` pass the accuracy rule, else why not."""
-        name = f"{self.spec.uri} {self.problem.seqlen_q}x{self.problem.seqlen_k}"
         try:
-            if self.family == "fwd":
-                assert_flash_rule(f"{name} out", t["out"], self.ref["out64"], self.ref["out_pt"],
-                                  FWD_FACTOR, ATOL)
-                assert_lse_close(f"{name} lse", t["lse"], self.ref["lse64"])
-            else:
-                for n in ("dq", "dk", "dv"):
-                    assert_flash_rule(f"{name} {n}", t[n], self.ref[f"{n}64"], self.ref[f"{n}_pt"],
-                                      BWD_FACTOR, ATOL)
+            self.hooks.check(self, f"{self.spec.uri} {self.problem.seqlen_q}x{self.problem.seqlen_k}", t, self.ref)
         except AssertionError as exc:
             return str(exc).strip().splitlines()[0][:1000]
         return None
 
     # ---- one trial --------------------------------------------------------------------------
     def run(self, cfg) -> Outcome:
-        why = family_of(self.family).check(self.spec, cfg)
+        why = self.family.check(self.spec, cfg)
         if why:
             return Outcome("invalid", error=why)
         first = self.sets[0]
         try:
-            for n in self._outputs(first):
+            for n in self.hooks.outputs:
                 first[n].fill_(float("nan"))
-            self._launch(cfg, first)
+            self.launch(cfg, first)
             self._sync()
             wrong = self.check(first)
             if wrong:
@@ -304,7 +163,7 @@ class Objective:
             sets = self.sets
 
             def step() -> None:
-                self._launch(cfg, sets[next(counter) % len(sets)])
+                self.launch(cfg, sets[next(counter) % len(sets)])
 
             ms = float(self.timer(step, dataclasses.asdict(cfg), self.problem))
             self._sync()
@@ -315,7 +174,7 @@ class Objective:
             return Outcome("failed", error=_error_text(exc))
         if not (ms > 0 and math.isfinite(ms)):
             return Outcome("failed", error=f"timer returned {ms!r} ms")
-        return Outcome("ok", time_ms=ms, tflops=self.flops / ms / 1e9)
+        return Outcome("ok", time_ms=ms, tflops=self.throughput(ms))
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

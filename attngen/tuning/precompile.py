@@ -44,7 +44,7 @@ def _compile(values: dict) -> str | None:
     cfg = family_of(obj.family).config(**values)
     cuda = obj.device.type == "cuda"
     try:
-        obj._launch(cfg, obj.sets[0])
+        obj.launch(cfg, obj.sets[0])
         if cuda:
             torch.cuda.synchronize(obj.device)
     except Exception as exc:  # left for the measuring process to record

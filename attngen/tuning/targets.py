@@ -93,10 +93,17 @@ class TuneOptions:
         return schema.to_url(self.storage or env.tuning_db_url(writing=True))
 
 
-def default_buckets(entry: SpecEntry) -> list[ShapeBucket]:
-    """Sq = Sk over DEFAULT_SEQLENS, batch x heads = the entry's query heads x DEFAULT_BATCHES. The
-    decode bucket (Sq = 1) is left to the split-KV family."""
+DECODE_SEQLENS = (4096, 16384, 65536)  # the decode family's KV lengths (one query token)
+DECODE_BATCHES = (1, 8, 32)
+
+
+def default_buckets(entry: SpecEntry, family: str = "fwd") -> list[ShapeBucket]:
+    """Sq = Sk over DEFAULT_SEQLENS, batch x heads = the entry's query heads x DEFAULT_BATCHES; the
+    decode family: one query token (the decode bucket, Sq = 1) on DECODE_SEQLENS keys, batch x
+    heads = the entry's query heads x DECODE_BATCHES."""
     heads = entry.num_q_heads or 16 * entry.gqa_ratio
+    if family == "decode":
+        return sorted({bucket_of(1, s, heads * b) for s in DECODE_SEQLENS for b in DECODE_BATCHES})
     return sorted({bucket_of(s, s, heads * b) for s in DEFAULT_SEQLENS for b in DEFAULT_BATCHES})
 
 
@@ -127,10 +134,14 @@ def plan(opts: TuneOptions) -> list[Target]:
                     fixed = tuple(sorted(pin(spec, opts.fixed).items()))
                 except ValueError as exc:
                     raise TuneError(f"--fix: {exc}") from None
-                for b in (opts.shapes or default_buckets(entry)):
-                    if b.decode:
-                        raise TuneError(f"{b.key}: the decode bucket (Sq = 1) is not tuned by these "
-                                        f"kernel families")
+                for b in (opts.shapes or default_buckets(entry, spec.family)):
+                    if b.decode != (spec.family == "decode"):
+                        if opts.shapes and len(opts.families) > 1:
+                            continue  # --shapes of one kind tune the families of that kind
+                        raise TuneError(f"{b.key}: the {spec.family} family is tuned on "
+                                        + ("decode buckets (q1_k<S>_bh<B*H>)" if spec.family == "decode"
+                                           else "buckets of Sq >= 16 (the decode bucket, Sq = 1, is the "
+                                                "decode family's)"))
                     targets.append(Target(entry, spec, b, h, profile.name, fixed))
     used = {name for t in targets for name, _ in t.fixed}
     for name in opts.fixed:

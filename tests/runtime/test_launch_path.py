@@ -37,7 +37,7 @@ def test_plan_cache_hit_skips_validation(monkeypatch):
     q, k, v = inputs(sq=21, sk=21)
     first = attngen.attention(q, k, v, causal=True)
     calls = []
-    monkeypatch.setattr(api, "check_dense", lambda *a: calls.append(a))
+    monkeypatch.setattr(validate, "check_dense", lambda *a: calls.append(a))
     again = attngen.attention(q, k, v, causal=True)
     assert calls == [], "a warm call validated again"
     assert torch.equal(first, again)

@@ -11,6 +11,8 @@ import torch
 
 from attngen.spec import load_spec
 from attngen.problem import Problem, keep_mask
+from attngen.families import bwd as fbwd
+from attngen.families import fwd as ffwd
 from attngen.tuning import objective as obj
 from attngen.buckets import parse_bucket
 from attngen.configs import BwdConfig, FwdConfig
@@ -81,12 +83,12 @@ def fwd_objective():
 def test_ok_trial_is_checked_then_timed(fwd_objective):
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
     assert o.status == "ok" and o.time_ms == 2.0
-    assert o.tflops == pytest.approx(fwd_objective.flops / 2.0 / 1e9)
+    assert o.tflops == pytest.approx(fwd_objective.problem.flops() / 2.0 / 1e9)
     assert fwd_objective.timer.calls[-1] == dataclasses.asdict(FwdConfig(64, 32, 4, 2))
 
 
 def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):
-    monkeypatch.setattr(obj, "attn_fwd", lambda *a, **k: pytest.fail("launched an invalid config"))
+    monkeypatch.setattr(ffwd, "attn_fwd", lambda *a, **k: pytest.fail("launched an invalid config"))
     o = fwd_objective.run(FwdConfig(64, 128, 4, 4))
     assert o.status == "invalid" and "shared memory" in o.error
 
@@ -94,14 +96,14 @@ def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):
 def test_launch_error_is_a_failed_trial(fwd_objective, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("out of resource: shared memory, Required: 999999")
-    monkeypatch.setattr(obj, "attn_fwd", boom)
+    monkeypatch.setattr(ffwd, "attn_fwd", boom)
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
     assert o.status == "failed" and o.time_ms is None and "RuntimeError: out of resource" in o.error
 
 
 @pytest.mark.parametrize("corrupt", ["zero", "nothing", "one_row", "lse"])
 def test_wrong_result_is_a_failed_trial(fwd_objective, monkeypatch, corrupt):
-    real = obj.attn_fwd
+    real = ffwd.attn_fwd
 
     def wrong(mod, spec, q, k, v, out, lse, mask, cfg):
         if corrupt == "nothing":
@@ -113,7 +115,7 @@ def test_wrong_result_is_a_failed_trial(fwd_objective, monkeypatch, corrupt):
             out[0, 1, 3] += 0.05
         else:
             lse[0, 0, 0] += 1e-2
-    monkeypatch.setattr(obj, "attn_fwd", wrong)
+    monkeypatch.setattr(ffwd, "attn_fwd", wrong)
     timer = fixed_timer()
     fwd_objective.timer = timer
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
@@ -133,12 +135,12 @@ def test_step_rotates_through_input_sets(monkeypatch):
     p = obj.problem_for(e, s, parse_bucket("q16_k16_bh4"))
     monkeypatch.setattr(obj.timing, "l2_bytes", lambda device: 1 << 16)  # a tiny "L2": several sets
     seen = []
-    real = obj.attn_fwd
+    real = ffwd.attn_fwd
 
     def spy(mod, spec, q, k, v, out, lse, mask, cfg):
         seen.append(q.data_ptr())
         real(mod, spec, q, k, v, out, lse, mask, cfg)
-    monkeypatch.setattr(obj, "attn_fwd", spy)
+    monkeypatch.setattr(ffwd, "attn_fwd", spy)
 
     def timer(step, config, problem):
         for _ in range(7):
@@ -160,11 +162,38 @@ def test_backward_varlen_trial(monkeypatch):
     o = obj.Objective(s, p, "cpu", timer=fixed_timer())
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)).status == "ok"
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)).status == "ok"
-    real = obj.attn_bwd_varlen
+    real = fbwd.attn_bwd_varlen
 
     def off_by_a_bit(*args):
         real(*args)
         args[9][3, 1, 5] += 0.05  # dk of one key of one KV head
-    monkeypatch.setattr(obj, "attn_bwd_varlen", off_by_a_bit)
+    monkeypatch.setattr(fbwd, "attn_bwd_varlen", off_by_a_bit)
     r = o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1))
     assert r.status == "failed" and " dk:" in r.error, r
+
+
+def test_decode_objective_measures_gb_per_second(monkeypatch):
+    """The decode family tunes on the decode bucket through its own hooks: one query token on a
+    full cache, checked against float64 per row, throughput in GB/s of K and V read; a wrong or
+    unwritten output is a failed trial, a config its filter rejects is never launched."""
+    from attngen.families import decode as fdec
+    from attngen.families.decode import DecodeConfig
+
+    e, s = entry_and_spec("llama.yaml", "llama3_8b", family="decode")
+    with pytest.raises(ValueError, match="decode"):
+        obj.problem_for(e, s, parse_bucket("q16_k64_bh8"))
+    p = obj.problem_for(e, s, parse_bucket("q1_k64_bh8"))
+    assert (p.seqlen_q, p.seqlen_k, p.batch * p.heads_q, p.layout) == (1, 64, 8, "bshd")
+    o = obj.Objective(s, p, "cpu", timer=fixed_timer(2.0))
+    assert o.unit == "GB/s"
+    ok = o.run(DecodeConfig(32, 4, 1, 2))
+    kv_bytes = p.batch * 64 * p.heads_kv * 256 * 2
+    assert ok.status == "ok" and ok.tflops == pytest.approx(kv_bytes / 2.0 / 1e6), ok
+    assert o.run(DecodeConfig(24, 4, 1)).status == "invalid"
+    real = fdec.decode_launches
+
+    def drop_a_split(*a, **k):
+        return real(*a, **k)[:1]  # the combine never runs: the output stays NaN
+    monkeypatch.setattr(fdec, "decode_launches", drop_a_split)
+    bad = o.run(DecodeConfig(32, 4, 1, 2))
+    assert bad.status == "failed" and "non-finite" in bad.error, bad
