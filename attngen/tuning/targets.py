@@ -118,7 +118,7 @@ def plan(opts: TuneOptions) -> list[Target]:
         loaded = [load_spec(f) for f in files]
     except SpecError as exc:
         raise TuneError(str(exc).splitlines()[0] + (" (and more)" if len(exc.problems) > 1 else "")) from None
-    targets, seen = [], set()
+    targets, seen, mismatched = [], set(), []
     for sf in loaded:
         for entry in sf.entries:
             for spec in entry.kernel_specs():
@@ -135,13 +135,9 @@ def plan(opts: TuneOptions) -> list[Target]:
                 except ValueError as exc:
                     raise TuneError(f"--fix: {exc}") from None
                 for b in (opts.shapes or default_buckets(entry, spec.family)):
-                    if b.decode != (spec.family == "decode"):
-                        if opts.shapes and len(opts.families) > 1:
-                            continue  # --shapes of one kind tune the families of that kind
-                        raise TuneError(f"{b.key}: the {spec.family} family is tuned on "
-                                        + ("decode buckets (q1_k<S>_bh<B*H>)" if spec.family == "decode"
-                                           else "buckets of Sq >= 16 (the decode bucket, Sq = 1, is the "
-                                                "decode family's)"))
+                    if b.decode != (spec.family == "decode"):  # --shapes tune the families of their kind
+                        mismatched.append((b.key, spec.family))
+                        continue
                     targets.append(Target(entry, spec, b, h, profile.name, fixed))
     used = {name for t in targets for name, _ in t.fixed}
     for name in opts.fixed:
@@ -149,6 +145,11 @@ def plan(opts: TuneOptions) -> list[Target]:
             names = sorted({f.name for t in targets for f in dataclasses.fields(family_of(t.spec.family).config)})
             raise TuneError(f"--fix: no kernel to tune has a config field {name!r} (fields: "
                             f"{', '.join(names)})")
+    if not targets and mismatched:
+        key, fam = mismatched[0]
+        raise TuneError(f"{key}: " + ("the decode family tunes on decode buckets only (q1_k<S>_bh<B*H>)"
+                                      if fam == "decode" else "the decode bucket (Sq = 1) is tuned by the "
+                                      "decode family only, not by the fwd / bwd kernels selected"))
     if not targets:
         raise TuneError(f"nothing to tune: no {'/'.join(opts.families)} kernel for target "
                         f"{profile.target} in {', '.join(map(str, files))}"

@@ -396,7 +396,7 @@ def test_the_reserved_decode_bucket_is_a_clear_error(tmp_path, capsys):
     argv[argv.index("--shapes") + 1] = "q1_k1024_bh32"
     assert cli(argv) == 2
     err = capsys.readouterr().err
-    assert "q1_k1024_bh32: the decode bucket (Sq = 1) is not tuned by these kernel families" in err
+    assert "q1_k1024_bh32: the decode bucket (Sq = 1) is tuned by the decode family only" in err
     assert "Traceback" not in err and not db.exists()
 
 
