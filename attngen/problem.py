@@ -253,3 +253,78 @@ class Problem:
                 "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "varlen": self.packed,
                 "causal": self.causal, "window": list(self.window), "softcap": self.softcap,
                 "scale": self.softmax_scale, "top_left": self.top_left, "dtype": self.dtype}
+
+
+def grouped_reference(problem: Problem, gqa: int, t: dict, chunk, max_scores: int, device) -> dict:
+    """The tuner's references of one input set `t` (dense (B, H, S, D) or packed (T, H, D) q, k, v
+    and optionally dout), bounded in memory: per batch row or packed document, per KV head g,
+    chunk(view, query heads of g, g, keep, rows, kwargs) -> {name: (1, heads, S, D) tensor} over
+    query-row chunks of at most max_scores score elements. Results in the input's layout (packed:
+    (T, H, D) outputs, (H, T) LSEs)."""
+    p = problem
+    keep = keep_mask(p.seqlen_q, p.seqlen_k, p.causal, p.window, p.top_left, device=device)
+    rows = max(16, max_scores // max(1, gqa * p.seqlen_k))
+    kw = dict(softcap=p.softcap, scale=p.softmax_scale)
+    ref: dict[str, list] = {}
+    for v in _unit_views(p, t):
+        parts: dict[str, list] = {}
+        for g in range(p.heads_kv):
+            for n, x in chunk(v, slice(g * gqa, (g + 1) * gqa), g, keep, rows, kw).items():
+                parts.setdefault(n, []).append(x)
+        for n, xs in parts.items():
+            ref.setdefault(n, []).append(torch.cat(xs, dim=1))
+    out = {n: torch.cat(xs, dim=0) for n, xs in ref.items()}  # (B or documents, H, S, D)
+    if p.packed:
+        for n, x in out.items():
+            out[n] = (x.permute(1, 0, 2).reshape(x.shape[1], -1) if n.startswith("lse")
+                      else x.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3]))
+    return out
+
+
+def _unit_views(p: Problem, t: dict) -> list[dict]:
+    """(1, H, S, D) views of an input set: one per batch row, or one per packed document of
+    seqlen_q / seqlen_k tokens."""
+    names = [n for n in ("q", "k", "v", "dout") if n in t]
+    if not p.packed:
+        return [{n: t[n][b:b + 1] for n in names} for b in range(p.batch)]
+    views = []
+    for d in range(p.batch):
+        rq, rk = slice(d * p.seqlen_q, (d + 1) * p.seqlen_q), slice(d * p.seqlen_k, (d + 1) * p.seqlen_k)
+        views.append({n: t[n][rk if n in ("k", "v") else rq].transpose(0, 1).unsqueeze(0) for n in names})
+    return views
+
+
+def output_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+    """grouped_reference's forward chunk: out64 / lse64 (float64) and out_pt (same precision) of
+    KV head g's query heads `hs` of one (1, H, S, D) view, over query-row chunks."""
+    outs = {"out64": [], "lse64": [], "out_pt": []}
+    for r0 in range(0, p.seqlen_q, rows):
+        q, k, vv = v["q"][:, hs, r0:r0 + rows], v["k"][:, g:g + 1], v["v"][:, g:g + 1]
+        o64, l64 = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], **kw)
+        opt, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=False, **kw)
+        outs["out64"].append(o64)
+        outs["lse64"].append(l64)
+        outs["out_pt"].append(opt)
+    return {n: torch.cat(xs, dim=2) for n, xs in outs.items()}
+
+
+def gradient_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+    """grouped_reference's backward chunk: dq / dk / dv in float64 ("64") and in the inputs'
+    precision ("_pt") for dO = v["dout"], over query-row chunks (dK, dV summed over them)."""
+    res = {}
+    for tag, upcast in (("64", True), ("_pt", False)):
+        conv = (lambda x: x.double()) if upcast else (lambda x: x)
+        k = conv(v["k"][:, g:g + 1]).detach().clone().requires_grad_(True)
+        vv = conv(v["v"][:, g:g + 1]).detach().clone().requires_grad_(True)
+        dk = torch.zeros(k.shape, dtype=torch.float64, device=k.device)
+        dv = torch.zeros(vv.shape, dtype=torch.float64, device=k.device)
+        dqs = []
+        for r0 in range(0, p.seqlen_q, rows):
+            q = conv(v["q"][:, hs, r0:r0 + rows]).detach().clone().requires_grad_(True)
+            o, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=upcast, **kw)
+            gq, gk, gv = torch.autograd.grad(o, (q, k, vv), conv(v["dout"][:, hs, r0:r0 + rows]))
+            dqs.append(gq.double())
+            dk += gk.double()
+            dv += gv.double()
+        res[f"dq{tag}"], res[f"dk{tag}"], res[f"dv{tag}"] = torch.cat(dqs, dim=2), dk, dv
+    return res

@@ -229,16 +229,9 @@ SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's sho
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int | None = None) -> BwdConfig:
-    """On the H200 sweep the separate dQ pass beat fp32 atomics (hd128 causal: 347 vs 302 TFLOP/s
-    backward-only), so it is the default; atomic_dq stays a tunable knob. The sm90 family's dense
-    calls take its TMA kernels, which won on every case of the H200 A/B with the same tiles
-    (backward-only TFLOP/s, TMA vs pointer: hd128 causal 367 vs 309, full 402 vs 358, GQA 32/8
-    362 vs 300, hd64 308 vs 302, hd96 312 vs 293, hd256 179 vs 159;
-    benchmarks/results/h200_ab_bwd_tma_2026-11-30.json); packed documents too (8 causal 1024-token
-    documents, GQA 32/8: 235 vs 178; 8 uneven documents: 274 vs 206; h200_ab_varlen_2026-12-01.json;
-    with the documents isolated 202 and 240, h200_ab_varlen_guard_2026-12-01.json).
-    `window`: the keys one query sees at most under a sliding-window mask (None: not known, as for
-    the tuner's baseline)."""
+    """The backward's config: the Gluon passes where they exist (sm90), else the Triton passes'
+    tables. `window`: the keys one query sees at most under a sliding-window mask (None: not
+    known, as for the tuner's baseline). Measurements: docs/defaults.md."""
     d = max(spec.head_dim_qk, spec.head_dim_v)
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
@@ -260,14 +253,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
             # so hd128 keeps its tuned table; hd80 not measured (h200_ab_bwd_dq_warps_2026-12-01.json)
             return BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True)
         return BwdConfig(64, 64, 4, 2, 128, 64, 8, 3, tma=tma)
-    # hd256: 173 TFLOP/s backward-only vs 69 for 32x64x4x1 (h200_sweep_hd256_2026-11-30.json). The
-    # sm90 TMA kernels: dK and dV from two launches (split_dkdv) of 32x64 tiles and 4 warps, causal
-    # hd256 199 vs 180 TFLOP/s for one 64x64 8-warp launch, hd192 207 vs 170 (spilled values in the
-    # dK/dV kernel: one launch 138 / 78, split 12 + 0 / 0 + 0); 64x64 split 190 / 182, 8-warp split
-    # 164 / 147, hd128 split 303 vs 369 (h200_ab_bwd_split_2026-12-01.json,
-    # h200_ab_bwd_split2_2026-12-01.json). Its dQ pass on 64x64 tiles with 4 warps instead of 8:
-    # hd256 247 vs 197, hd192 260 vs 213 TFLOP/s backward-only (128x32 8 warps 233 / 252, 64x32 4
-    # warps 246 / 255; 32-query dQ tiles collapse to 17: h200_ab_bwd_split_dq_2026-12-01.json)
+    # hd256 (measurements: docs/defaults.md): split dK / dV launches of 32 x 64 tiles on sm90
     if tma:
         return BwdConfig(32, 64, 4, 2, 64, 64, 4, 2, tma=True, split_dkdv=True)
     # the sm80 family: the best of the hd256 sweep that fits an sm80 GPU's 163 KB of shared memory,
@@ -496,25 +482,9 @@ class TuningHooks(_fwd.TuningHooks):
                      obj.mask, cfg, False)
 
     def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
-        from attngen.problem import attention_ref
+        from attngen.problem import gradient_chunk
 
-        res = {}
-        for tag, upcast in (("64", True), ("_pt", False)):
-            conv = (lambda x: x.double()) if upcast else (lambda x: x)
-            k = conv(v["k"][:, g:g + 1]).detach().clone().requires_grad_(True)
-            vv = conv(v["v"][:, g:g + 1]).detach().clone().requires_grad_(True)
-            dk = torch.zeros(k.shape, dtype=torch.float64, device=k.device)
-            dv = torch.zeros(vv.shape, dtype=torch.float64, device=k.device)
-            dqs = []
-            for r0 in range(0, obj.problem.seqlen_q, rows):
-                q = conv(v["q"][:, hs, r0:r0 + rows]).detach().clone().requires_grad_(True)
-                o, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=upcast, **kw)
-                gq, gk, gv = torch.autograd.grad(o, (q, k, vv), conv(v["dout"][:, hs, r0:r0 + rows]))
-                dqs.append(gq.double())
-                dk += gk.double()
-                dv += gv.double()
-            res[f"dq{tag}"], res[f"dk{tag}"], res[f"dv{tag}"] = torch.cat(dqs, dim=2), dk, dv
-        return res
+        return gradient_chunk(obj.problem, v, hs, g, keep, rows, kw)
 
     def check(self, obj, name: str, t: dict, ref: dict) -> None:
         from attngen.testing import assert_flash_rule

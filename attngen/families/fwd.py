@@ -295,25 +295,7 @@ def persistent_docs_ok(total_q: int, docs: int, max_seqlen_q: int) -> bool:
 
 
 def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
-    """The sm90 family's dense forward, from the H200 config A/B (bf16 TFLOP/s, same run;
-    benchmarks/results/h200_ab_configs_2026-11-30.json): 64x64 TMA tiles with 3 stages won on every
-    hd128 case (full 532 vs 500 for the pointer kernel's 128x64; causal S4096 470; causal S16384
-    513; GQA 491, 503 with lazy rescaling; a 1024-key window 433) and hd64 (404); the split head
-    dims want longer query tiles or fewer stages: hd80 (64 + 16) 64x64 2 stages 410, hd96 (64 + 32)
-    128x64 439, hd192 (128 + 64) 128x64 473; hd256 64x64 with lazy rescaling 465 (445 without).
-    Warp specialization lost everywhere (h200_hopper_probe_2026-11-30.json) and is not a default.
-    The Q tile in registers (q_regs) then won on the 64x64 tiles up to hd128, two runs
-    (h200_ab_fwd_qregs_2026-12-01.json, h200_ab_fwd_qregs2_2026-12-01.json): full 493 -> 508 and
-    513 -> 556, causal S4096 482 -> 506 and 486 -> 488, causal S16384 486 -> 516 and 496 -> 533,
-    GQA 510 -> 525 and 510 -> 538, window 435 -> 443 and 435 -> 445, hd64 389 -> 431 and 403 -> 422;
-    hd96 on 64x64 tiles with it 457 vs 438 for 128x64; it lost on hd80 (399 vs 407), hd256 (314 vs
-    467: spills), hd192 (471 vs 473) and on packed documents (8 x 1024: 339 vs 347; uneven 387 vs
-    398). Three programs per SM (2 stages and maxnreg=168, or 64x32 tiles) lost everywhere.
-    Packed documents take the same table otherwise: on 8 causal 1024-token documents (GQA 32/8,
-    hd128) the TMA kernel's 64x64 3 stages gave 355 TFLOP/s vs 300 for the pointer kernel's default
-    (347 with the documents isolated, h200_ab_varlen_guard_2026-12-01.json), and on 8 uneven
-    documents 398 vs 339; 2 or 4 stages, 128-row or 128-key tiles, 8 warps and persistent
-    programs were slower (h200_ab_varlen_2026-12-01.json, h200_ab_varlen_fwd_2026-12-01.json)."""
+    """The sm90 family's Triton-kernel forward per head dim (measurements: docs/defaults.md)."""
     if varlen and len(head_chunks(d)) > 1:  # the TMA kernel takes packed documents at one tile only
         return FwdConfig(128, 64, 8, 3) if d < 128 else FwdConfig(64, 64, 4, 2)
     regs = not varlen
@@ -509,67 +491,23 @@ class TuningHooks:
             attn_fwd(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg)
 
     def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
-        """The float64 and same-precision outputs of KV head g's query heads `hs` of one (1, H, S, D)
-        view, over query-row chunks."""
-        import torch
+        from attngen.problem import output_chunk
 
-        from attngen.problem import attention_ref
-
-        outs = {"out64": [], "lse64": [], "out_pt": []}
-        for r0 in range(0, obj.problem.seqlen_q, rows):
-            q = v["q"][:, hs, r0:r0 + rows]
-            k, vv = v["k"][:, g:g + 1], v["v"][:, g:g + 1]
-            o64, l64 = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], **kw)
-            opt, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=False, **kw)
-            outs["out64"].append(o64)
-            outs["lse64"].append(l64)
-            outs["out_pt"].append(opt)
-        return {n: torch.cat(xs, dim=2) for n, xs in outs.items()}
+        return output_chunk(obj.problem, v, hs, g, keep, rows, kw)
 
     def reference(self, obj, t: dict) -> dict:
         """float64 reference and same-precision PyTorch results of input set `t`, over chunks of
         (batch or document) x KV head x query rows to bound memory."""
-        import torch
+        from attngen.problem import grouped_reference
 
-        from attngen.problem import keep_mask
-
-        p, gqa = obj.problem, obj.spec.gqa_ratio
-        keep = keep_mask(p.seqlen_q, p.seqlen_k, p.causal, p.window, p.top_left, device=obj.device)
-        rows = max(16, REF_CHUNK // max(1, gqa * p.seqlen_k))
-        kw = dict(softcap=p.softcap, scale=p.softmax_scale)
-        ref: dict[str, list] = {}
-        for v in _dense_views(obj, t):
-            parts: dict[str, list] = {}
-            for g in range(p.heads_kv):
-                for n, x in self.chunk(obj, v, slice(g * gqa, (g + 1) * gqa), g, keep, rows, kw).items():
-                    parts.setdefault(n, []).append(x)
-            for n, xs in parts.items():
-                ref.setdefault(n, []).append(torch.cat(xs, dim=1))
-        out = {n: torch.cat(xs, dim=0) for n, xs in ref.items()}  # (B or docs, H, S, D)
-        if obj.spec.varlen:  # back to the packed layouts of the kernels
-            for n, x in out.items():
-                out[n] = (x.permute(1, 0, 2).reshape(x.shape[1], -1) if n.startswith("lse")
-                          else x.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3]))
-        return out
+        return grouped_reference(obj.problem, obj.spec.gqa_ratio, t, lambda *a: self.chunk(obj, *a),
+                                 REF_CHUNK, obj.device)
 
     def check(self, obj, name: str, t: dict, ref: dict) -> None:
         from attngen.testing import assert_flash_rule, assert_lse_close
 
         assert_flash_rule(f"{name} out", t["out"], ref["out64"], ref["out_pt"], self.factor, 1e-5)
         assert_lse_close(f"{name} lse", t["lse"], ref["lse64"])
-
-
-def _dense_views(obj, t: dict) -> list[dict]:
-    """(1, H, S, D) views of an input set: one per batch row, or one per packed document."""
-    p = obj.problem
-    if not obj.spec.varlen:
-        return [{n: t[n][b:b + 1] for n in ("q", "k", "v", "dout") if n in t} for b in range(p.batch)]
-    views = []
-    for d in range(p.batch):
-        rq, rk = slice(d * p.seqlen_q, (d + 1) * p.seqlen_q), slice(d * p.seqlen_k, (d + 1) * p.seqlen_k)
-        v = {"q": t["q"][rq], "k": t["k"][rk], "v": t["v"][rk], **({"dout": t["dout"][rq]} if "dout" in t else {})}
-        views.append({n: x.transpose(0, 1).unsqueeze(0) for n, x in v.items()})
-    return views
 
 
 
