@@ -466,10 +466,8 @@ class TuningHooks(_fwd.TuningHooks):
         t["dout"] = torch.randn(t["out"].shape, generator=g, device=obj.device).to(obj.dtype)
         t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
         fwd_spec = obj.spec.replace(family="fwd")
-        from attngen.runtime import loader
-
         cfg = _fwd.FAMILY.default(fwd_spec, obj.kind, obj.problem.seqlen_q)
-        _fwd.TuningHooks.launch(self, obj, cfg, t, loader.load(fwd_spec), fwd_spec)
+        _fwd.TuningHooks.launch(self, obj, cfg, t, obj.load(fwd_spec), fwd_spec)
         return t
 
     def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:

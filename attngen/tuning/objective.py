@@ -118,6 +118,7 @@ class Objective:
             from attngen.interp import patch_interpreter
 
             patch_interpreter()
+        self.load = loader.load  # the hooks load other modules of the kernel through it
         self.mod = loader.load(self.spec)
         self.mask = mask_args(problem)
         first = self.hooks.inputs(self, seed)

@@ -38,10 +38,8 @@ def _init(spec, problem, device: str) -> None:
 def _compile(values: dict) -> str | None:
     import torch
 
-    from attngen.families import family as family_of
-
     obj = _WORKER["objective"]
-    cfg = family_of(obj.family).config(**values)
+    cfg = obj.family.config(**values)
     cuda = obj.device.type == "cuda"
     try:
         obj.launch(cfg, obj.sets[0])
