@@ -155,7 +155,7 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"attngen {__version__}")
     sub = p.add_subparsers(dest="command", title="commands", metavar="<command>", required=True)
     for cmd in COMMANDS:
-        cp = sub.add_parser(cmd.name, help=cmd.help, description=cmd.help)
+        cp = sub.add_parser(cmd.name, prog=f"attngen {cmd.name}", help=cmd.help, description=cmd.help)
         cmd.add_arguments(cp)
         cp.set_defaults(func=cmd.run)
     from attngen.tuning.commands import add_commands  # `tune` and `db` (attngen/tuning/commands.py)

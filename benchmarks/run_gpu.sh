@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one script to run on the GPU machine: the GPU test suite, then `attngen bench`.
 #
-#   benchmarks/run_gpu.sh [fwd|fwdbwd|both] [more `attngen bench` arguments, e.g. --quick]
+#   benchmarks/run_gpu.sh [fwd|fwdbwd|both|decode] [more `attngen bench` arguments, e.g. --quick]
 #
 # Writes into $OUT (default: benchmarks/results/tmp): gpu_summary.json, gpu_tests.log, env.txt,
 # gpu_correctness_grid.json and gpu_grid.log (the correctness grid; GRID=0 skips it),
-# bench_<mode>.json and bench_<mode>.log per mode. TESTS=0 skips the tests, BENCH=0 the benchmark;
+# bench_<mode>.json and bench_<mode>.log per mode (decode: bench_decode.png too). TESTS=0 skips the
+# tests, BENCH=0 the benchmark; TEST_WORKERS=N runs the GPU suite over N processes (default 1);
 # SANITIZE=1 adds compute-sanitizer's memcheck over a sample of the grid;
 # OVERHEAD=1 adds the launch-overhead benchmark (launch_overhead.json), EDGES=1 the edge-shape one
 # (edges.json).
@@ -22,7 +23,8 @@ mode="${1:-fwd}"
 case "$mode" in
   fwd|fwdbwd) modes="$mode" ;;
   both) modes="fwd fwdbwd" ;;
-  *) echo "usage: $0 [fwd|fwdbwd|both] [attngen bench args...]" >&2; exit 2 ;;
+  decode) modes="decode" ;;
+  *) echo "usage: $0 [fwd|fwdbwd|both|decode] [attngen bench args...]" >&2; exit 2 ;;
 esac
 
 {
@@ -41,7 +43,7 @@ if [ "${TESTS:-1}" != 0 ]; then
   start=$SECONDS
   set +e
   ATTNGEN_GPU_SUMMARY="$OUT/gpu_summary.json" python3 -m pytest -q -m gpu -p no:cacheprovider \
-    --ignore tests/gpu/test_gpu_grid.py tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
+    -n "${TEST_WORKERS:-1}" --ignore tests/gpu/test_gpu_grid.py tests/gpu 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
   set -e
   echo "GPU tests: exit $rc in $((SECONDS - start)) s"
@@ -90,7 +92,8 @@ if [ "${BENCH:-1}" != 0 ]; then
   for m in $modes; do
     start=$SECONDS
     set +e
-    python3 -m attngen.cli bench --mode "$m" --out "$OUT/bench_$m.json" "$@" 2>&1 \
+    plot=(); [ "$m" = decode ] && plot=(--plot "$OUT/bench_decode.png")
+    python3 -m attngen.cli bench --mode "$m" --out "$OUT/bench_$m.json" "${plot[@]}" "$@" 2>&1 \
       | tee "$OUT/bench_$m.log"
     rc=${PIPESTATUS[0]}
     set -e
