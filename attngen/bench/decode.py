@@ -94,13 +94,21 @@ def _providers(case: DecodeCase, dtype, device, seed: int = 0):
     return out
 
 
-def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None) -> dict:
+def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None, out: str | None = None) -> dict:
+    """Measure `cases`; with `out`, the results so far are written after every row (a run cut
+    short keeps what it had)."""
+    import triton
     from triton.testing import do_bench
 
     device = torch.device("cuda")
     timing = TIMING["quick" if quick else "full"]
     copy = _copy_tbps(device)
     rows = []
+    doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "dtype": str(dtype).replace("torch.", ""),
+           "copy_TBps": round(copy, 3), "page_size": PAGE,
+           "timing": {**timing, "return_mode": "median", "function": "triton.testing.do_bench"},
+           "bytes": "K and V of the cache once: 2 x B x S x Hkv x D x 2 bytes", "rows": rows}
     for case in cases:
         bound = _providers(case, dtype, device)
         names = [n for n in bound if providers is None or n in providers]
@@ -133,14 +141,10 @@ def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None) -> dic
             row["paged/contiguous"] = round(row["GBps"]["attngen-paged"] / row["GBps"]["attngen"], 3)
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("case", "GBps", "of_copy", "notes")}), flush=True)
-    import triton
-
-    return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "dtype": str(dtype).replace("torch.", ""),
-            "copy_TBps": round(copy, 3), "page_size": PAGE,
-            "timing": {**timing, "return_mode": "median", "function": "triton.testing.do_bench"},
-            "bytes": "K and V of the cache once: 2 x B x S x Hkv x D x 2 bytes",
-            "rows": rows}
+        if out:
+            with open(out, "w") as f:
+                json.dump(doc, f, indent=1)
+    return doc
 
 
 PROVIDERS = ("attngen", "attngen-paged", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex")
@@ -177,10 +181,8 @@ def main_args(args) -> int:
         return _fail("decode rows are bf16 (--dtype bf16)", 2)
     if not torch.cuda.is_available():
         return _fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
-    res = run(cases, quick=args.quick, providers=providers)
+    res = run(cases, quick=args.quick, providers=providers, out=args.out)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
         print(f"wrote {args.out}")
     return _plot(res, args.plot) if getattr(args, "plot", None) else 0
 

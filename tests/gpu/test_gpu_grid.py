@@ -33,7 +33,8 @@ import pytest
 import torch
 
 import attngen
-from attngen.runtime import api, dispatch
+from attngen.families.decode import MAX_QUERY
+from attngen.runtime import api, dispatch, kvcache
 from attngen.spec import KernelSpec
 from attngen.problem import Problem
 from attngen.testing import assert_flash_rule, assert_lse_close, max_err
@@ -199,10 +200,20 @@ PATHS_BY_NAME = {p.name: p for p in PATHS}
 POINTER = {"fwd": ("_attn_fwd",), "bwd": ("_attn_bwd_dkdv",)}
 
 
+def routed_to_decode(c: Case) -> bool:
+    """A dense call with a short query on a long KV, which attention() gives to the decode family
+    unless a forward config is forced (attngen.runtime.kvcache.routes_to_decode)."""
+    return (c.layout != "packed" and 0 < c.sq <= MAX_QUERY
+            and c.sk >= max(kvcache.MIN_KEYS, kvcache.MIN_KEYS_PER_QUERY * c.sq))
+
+
 def expected_kernels(path: Path, c: Case) -> tuple[str, ...]:
     """The kernels a forced path must launch: its own; the pointer kernels where rows are not
     16-byte aligned (head dims that are not multiples of 8), which the copy engine cannot address
-    (the launchers' fallback, the only path such calls have)."""
+    (the launchers' fallback, the only path such calls have); a target's default path on a shape
+    attention() routes to the decode family: its forward is the decode kernel."""
+    if not path.configs and path.family == "fwd" and routed_to_decode(c):
+        return ("_attn_decode",) + path.kernels[1:]
     if c.hd % 8 and not path.kernels[0] in POINTER[path.family]:
         return POINTER[path.family]
     return path.kernels
