@@ -17,6 +17,7 @@ outputs), `finish`, and ALIGNED (the input names whose alignment decides the cop
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -72,16 +73,9 @@ def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int,
     return spec, interpret
 
 
-_SPECS: dict[tuple, KernelSpec] = {}
-
-
+@functools.lru_cache(maxsize=1024)
 def _kernel_spec(*fields) -> KernelSpec:
-    spec = _SPECS.get(fields)
-    if spec is None:
-        if len(_SPECS) > 1024:
-            _SPECS.clear()
-        spec = _SPECS[fields] = KernelSpec(*fields)
-    return spec
+    return KernelSpec(*fields)
 
 
 HOST_BOUND_WORK = 1 << 22  # Sq x Sk x (batch x heads) classes of a bucket

@@ -17,7 +17,7 @@ from attngen.runtime import loader
 from attngen.spec import KernelSpec
 from attngen.problem import random_inputs
 from attngen.testing import assert_flash_rule, assert_lse_close
-from tests.kernels.test_decode import CASES, DTYPES, _name, reference, rows_view
+from tests.kernels.test_decode import CASES, DTYPES, _name, make_cache, reference, rows_view
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -33,15 +33,7 @@ SERVING = [
 
 
 def _cache(B, cap, hkv, d, dtype, page, seed):
-    if not page:
-        k, v = random_inputs((B, cap, hkv, d), (B, cap, hkv, d), dtype=dtype, device=DEV, seed=seed)
-        return k, v, None
-    npages = -(-cap // page)
-    total = B * npages + 5
-    k, v = random_inputs((total, page, hkv, d), (total, page, hkv, d), dtype=dtype, device=DEV, seed=seed)
-    g = torch.Generator().manual_seed(seed)
-    table = torch.randperm(total, generator=g)[:B * npages].reshape(B, npages).to(torch.int32).to(DEV)
-    return k, v, table
+    return make_cache(B, cap, hkv, d, dtype, page, seed, device=DEV, spare=5)
 
 
 @pytest.mark.parametrize("case", CASES + SERVING, ids=[_name(c) for c in CASES + SERVING])

@@ -36,17 +36,18 @@ def reference(q, k_rows, v_rows, lens, causal, window, softcap, scale, upcast=Tr
     return torch.cat(outs), torch.cat(lses)
 
 
-def make_cache(B, cap, hkv, d, dtype, page, seed):
-    """(k_cache, v_cache, block_table, k_rows, v_rows): k_rows / v_rows the (B, cap, Hkv, D) view
-    the kernel should see; paged caches take shuffled pages plus spare ones."""
+def make_cache(B, cap, hkv, d, dtype, page, seed, device="cpu", spare=3):
+    """(k_cache, v_cache, block_table): contiguous (B, cap, Hkv, D) caches, or paged ones of
+    `page`-token pages in shuffled order plus `spare` unused pages (block_table None when
+    contiguous); rows_view gives the (B, capacity, Hkv, D) view the kernel should see."""
     if not page:
-        k, v = random_inputs((B, cap, hkv, d), (B, cap, hkv, d), dtype=dtype, seed=seed)
+        k, v = random_inputs((B, cap, hkv, d), (B, cap, hkv, d), dtype=dtype, device=device, seed=seed)
         return k, v, None
     npages = -(-cap // page)
-    total = B * npages + 3
-    k, v = random_inputs((total, page, hkv, d), (total, page, hkv, d), dtype=dtype, seed=seed)
+    total = B * npages + spare
+    k, v = random_inputs((total, page, hkv, d), (total, page, hkv, d), dtype=dtype, device=device, seed=seed)
     g = torch.Generator().manual_seed(seed)
-    table = torch.randperm(total, generator=g)[:B * npages].reshape(B, npages).to(torch.int32)
+    table = torch.randperm(total, generator=g)[:B * npages].reshape(B, npages).to(torch.int32).to(device)
     return k, v, table
 
 
