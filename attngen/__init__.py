@@ -1,12 +1,38 @@
-"""attngen: attention kernels generated from a spec language, tuned per GPU."""
+"""attngen: attention kernels generated from a spec language, tuned per GPU.
 
-from attngen import env as _env
+The public functions load on first use (PEP 562), so that `import attngen` -- and the `attngen`
+command's usage and `--version` -- import neither torch nor triton. Loading them registers the
+attngen:: torch ops. On a machine with no GPU, Triton's interpreter is turned on before triton is
+first imported (attngen.env.setup_interpreter)."""
 
-_env.setup_interpreter()  # before anything imports triton
+from __future__ import annotations
 
-from attngen._version import __version__  # noqa: E402
-from attngen.runtime.public import attention, attention_varlen, attention_with_kvcache  # noqa: E402
-from attngen.runtime import ops as _ops  # noqa: E402,F401  (registers the attngen:: torch ops)
-from attngen.runtime.tools import explain, warmup  # noqa: E402
+import importlib
 
-__all__ = ["__version__", "attention", "attention_varlen", "attention_with_kvcache", "explain", "warmup"]
+from attngen._version import __version__
+
+_PUBLIC = {
+    "attention": "attngen.runtime.public",
+    "attention_varlen": "attngen.runtime.public",
+    "attention_with_kvcache": "attngen.runtime.public",
+    "explain": "attngen.runtime.tools",
+    "warmup": "attngen.runtime.tools",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'attngen' has no attribute {name!r}")
+    from attngen import env
+
+    env.setup_interpreter()
+    importlib.import_module("attngen.runtime.ops")  # registers the attngen:: torch ops
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

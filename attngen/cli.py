@@ -2,17 +2,23 @@
 
 Every sub-command is one row of COMMANDS: its name, a one-line help, a function that adds its
 arguments to its parser and one that runs it and returns the exit code. Adding a sub-command is
-adding a row (import heavy modules inside the two functions, not here).
+adding a row. A command's arguments are added when that command is used (or its help shown), so
+`attngen`, `attngen --version` and a command's usage import neither torch nor triton.
 
-`attngen` alone prints the usage (the list of sub-commands) and exits 0: asking what the tool can
-do is not an error. A wrong argument exits 2 with argparse's message; `attngen --version` prints
-the version.
+The contract every command keeps (tests/test_cli_contract.py): exit 0 when done; 1 when the machine
+lacks what the command needs (a GPU, matplotlib) or `build --check` finds the output stale; 2 for a
+usage error or bad input (a spec file, a database, a path), with one message naming the argument,
+file or field, never a traceback. `attngen` alone prints the usage and exits 0 (asking what the tool
+can do is not an error); a command group alone (`attngen db`) prints its usage and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +27,61 @@ from typing import Callable
 from attngen._version import __version__
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows `(default: X)` after an option's help unless the help already says its default, the
+    option is a flag, or its default is None (such options say what happens without them)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or action.nargs == 0 or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """attngen's parsers: arguments added on first use (`add_arguments`), an unknown choice answered
+    with the closest known one, and the help formatter above."""
+
+    def __init__(self, *args, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self._add_arguments = add_arguments
+
+    def _complete(self) -> None:
+        if self._add_arguments is not None:
+            add, self._add_arguments = self._add_arguments, None
+            add(self)
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_usage(self) -> str:
+        self._complete()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._complete()
+        return super().format_help()
+
+    def error(self, message: str):
+        bad = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if bad:
+            known = re.findall(r"'([^']*)'", bad[2])
+            close = difflib.get_close_matches(bad[1], known, n=1)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+        super().error(message)
+
+
 @dataclass(frozen=True)
 class Command:
     name: str
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace], int]
+    run: Callable[[argparse.Namespace], int] | None  # None: a group of sub-commands (`attngen db`)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -104,10 +159,9 @@ def _run_build(args: argparse.Namespace) -> int:
     kept = f", {len(report.kept)} kept (from spec files not in this build)" if report.kept else ""
     print(f"{len(report.written)} written, {len(report.unchanged)} unchanged, "
           f"{len(report.removed)} removed{kept}")
-    if not args.out and not env.in_checkout() and "ATTNGEN_GENERATED_DIR" not in os.environ:
-        print(f"(an installed attngen is read-only: built into the user cache; run with "
-              f"ATTNGEN_GENERATED_DIR={os.path.abspath(out_dir)} for attngen.attention() to load "
-              "these kernels)")
+    if args.out and Path(args.out).resolve() not in [d.resolve() for d in env.generated_dirs()]:
+        print(f"(attngen.attention() loads kernels from {', '.join(map(str, env.generated_dirs()))}; "
+              f"run with ATTNGEN_GENERATED_DIR={os.path.abspath(out_dir)} for it to load these)")
     return 0
 
 
@@ -135,6 +189,12 @@ def _runtime():
     return commands
 
 
+def _tuning():
+    from attngen.tuning import commands  # `tune` and `db` (attngen/tuning/commands.py)
+
+    return commands
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("build", "render spec files into stamped Triton modules",
             _build_arguments, _run_build),
@@ -144,23 +204,32 @@ COMMANDS: tuple[Command, ...] = (
             lambda p: _runtime().warmup_arguments(p), lambda a: _runtime().run_warmup(a)),
     Command("explain", "show the kernel, config and bucket a call uses, and why",
             lambda p: _runtime().explain_arguments(p), lambda a: _runtime().run_explain(a)),
+    Command("tune", "tune launch configs on this GPU into the tuning database",
+            lambda p: _tuning().tune_arguments(p), lambda a: _tuning().run_tune(a)),
+    Command("db", "show, export, import, migrate, compare the tuning database",
+            lambda p: _tuning().db_arguments(p), None),
 )
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="attngen", usage="attngen [-h] [--version] <command> [options]",
         description="Attention kernels generated from a YAML spec language into Triton.",
         epilog="`attngen <command> --help` shows a command's options.")
     p.add_argument("--version", action="version", version=f"attngen {__version__}")
-    sub = p.add_subparsers(dest="command", title="commands", metavar="<command>", required=True)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="<command>", required=True,
+                           parser_class=CommandParser)
     for cmd in COMMANDS:
-        cp = sub.add_parser(cmd.name, prog=f"attngen {cmd.name}", help=cmd.help, description=cmd.help)
-        cmd.add_arguments(cp)
-        cp.set_defaults(func=cmd.run)
-    from attngen.tuning.commands import add_commands  # `tune` and `db` (attngen/tuning/commands.py)
-    add_commands(sub)
+        cp = sub.add_parser(cmd.name, prog=f"attngen {cmd.name}", help=cmd.help, description=cmd.help,
+                            add_arguments=cmd.add_arguments)
+        cp.set_defaults(func=cmd.run or functools.partial(_group_usage, cp))
     return p
+
+
+def _group_usage(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """A command group named without one of its commands: its usage and commands, exit 2."""
+    print(parser.format_help(), end="", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,6 @@
-"""Device classes: the GPUs a tuned config is valid for. Pure Python (no torch calls here)."""
+"""Device classes: the GPUs a tuned config is valid for, by architecture, and the kernel target each
+runs. Pure Python (no torch calls here); the runtime (attngen.runtime.dispatch) and `attngen tune`
+both map a GPU through this table."""
 
 from __future__ import annotations
 
@@ -7,16 +9,34 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    name: str  # what `attngen tune --device` takes, and the device class winners are stored under
-    target: str  # kernel target of the class (sm90 / sm80)
+    """A device class: the GPUs one set of tuned winners serves, and the kernels they run."""
+
+    name: str  # the device class winners are stored under (the shipped database uses h100 / a100)
+    arch: str  # what `attngen tune --device` takes besides the name: sm90, sm80, sm86, sm89
+    target: str  # kernel target the class runs (a spec's `targets`): sm90 or sm80
     capabilities: tuple[tuple[int, int], ...]  # CUDA compute capabilities that belong to it
+    gpus: str  # examples, for messages and `attngen tune --help`
 
 
-PROFILES = {
-    "h100": DeviceProfile("h100", "sm90", ((9, 0),)),  # H100, H200, GH200
-    "a100": DeviceProfile("a100", "sm80", ((8, 0),)),  # A100, A800
-}
+PROFILES = {p.name: p for p in (
+    DeviceProfile("a100", "sm80", "sm80", ((8, 0),), "A100, A30, A800"),
+    DeviceProfile("sm86", "sm86", "sm80", ((8, 6),), "A10, A40, RTX 30"),
+    DeviceProfile("sm89", "sm89", "sm80", ((8, 9),), "L4, L40S, RTX 40"),
+    DeviceProfile("h100", "sm90", "sm90", ((9, 0),), "H100, H200, GH200"),
+)}
+AUTO = "auto"  # `attngen tune --device auto`: the class of the GPU tuning runs on
+ALIASES = {p.arch: p.name for p in PROFILES.values() if p.arch != p.name}  # sm80 -> a100, sm90 -> h100
+DEVICE_CHOICES = (AUTO, *sorted({*PROFILES, *ALIASES}))
 CPU_CLASS = "cpu"  # Triton's interpreter: never tuned, its own default table
+
+
+def canonical(name: str) -> str:
+    """The class name for what `--device` was given (sm90 -> h100); auto stays auto."""
+    if name == AUTO or name in PROFILES:
+        return name
+    if name in ALIASES:
+        return ALIASES[name]
+    raise ValueError(f"unknown device class {name!r} (known: {', '.join(DEVICE_CHOICES)})")
 
 
 def class_of_capability(major: int, minor: int) -> str | None:
@@ -25,6 +45,35 @@ def class_of_capability(major: int, minor: int) -> str | None:
         if (major, minor) in p.capabilities:
             return p.name
     return None
+
+
+def target_of_capability(major: int, minor: int) -> str:
+    """The kernel target a GPU runs: sm90 on Hopper, sm80 on every other sm8x+ GPU (a GPU in no
+    class runs the sm80 kernels with their default configs). ValueError below sm80."""
+    if major == 9:
+        return "sm90"
+    if major >= 8:
+        return "sm80"
+    raise ValueError(f"attngen needs an sm80+ GPU (Ampere or newer); this one is sm{major}{minor}")
+
+
+def describe(name: str) -> str:
+    """One line on a device class: its GPUs and the kernels it runs."""
+    if name == CPU_CLASS:
+        return "cpu: Triton's interpreter, default configs (never tuned)"
+    p = PROFILES.get(name)
+    if p is None:  # sm<cc> of a GPU no class holds
+        return f"{name}: in no device class, the sm80 kernels with their default configs"
+    return f"{p.name} ({p.arch}: {p.gpus}): the {p.target} kernels"
+
+
+def no_class_message(gpu_name: str, capability: tuple[int, int]) -> str:
+    major, minor = capability
+    classes = "; ".join(f"{p.arch} ({p.gpus})" for p in PROFILES.values())
+    runs = ("attention() runs the sm80 kernels there with their default configs" if major >= 8
+            else "attention() needs sm80 or newer")
+    return (f"{gpu_name} (sm{major}{minor}) is in no device class attngen tunes for ({classes}); "
+            f"{runs}")
 
 
 @dataclass(frozen=True)
@@ -49,14 +98,16 @@ class DeviceInfo:
 
 
 def check_profile(info: DeviceInfo, profile: str) -> str | None:
-    """None when the GPU belongs to the profile `attngen tune --device` names, else why not."""
-    if profile not in PROFILES:
-        return f"unknown device profile {profile!r} (known: {', '.join(PROFILES)})"
-    p = PROFILES[profile]
+    """None when the GPU belongs to the class `attngen tune --device` names, else why not."""
+    try:
+        p = PROFILES[canonical(profile)]
+    except (ValueError, KeyError):
+        return f"unknown device class {profile!r} (known: {', '.join(DEVICE_CHOICES)})"
     if info.capability in p.capabilities:
         return None
     major, minor = info.capability
     have = class_of_capability(major, minor)
     caps = ", ".join(f"sm{a}{b}" for a, b in p.capabilities)
     return (f"GPU {info.index} is {info.gpu_name} (sm{major}{minor}, "
-            f"{'profile ' + have if have else 'in no profile'}); --device {profile} needs {caps}")
+            f"{'class ' + have if have else 'in no device class'}); --device {profile} needs {caps} "
+            f"({p.gpus}); --device auto picks the GPU's own class")

@@ -54,6 +54,21 @@ def generated_dir() -> Path:
     return Path(env) if env else _shipped("generated", "_generated")
 
 
+def generated_dirs() -> list[Path]:
+    """Where the runtime looks for built kernels, in order: ATTNGEN_GENERATED_DIR alone when set;
+    else, for an installed package, what `attngen build` wrote into <cache_dir()>/generated, then
+    the kernels the wheel ships; in a checkout its generated/."""
+    if os.environ.get("ATTNGEN_GENERATED_DIR") or in_checkout():
+        return [generated_dir()]
+    return [cache_dir() / "generated", generated_dir()]
+
+
+def specs_dir() -> Path:
+    """The shipped spec files: the checkout's specs/, else the copy the wheel carries
+    (attngen/_specs); what `attngen tune` tunes when given no --spec."""
+    return _shipped("specs", "_specs")
+
+
 def templates_dir() -> Path:
     env = os.environ.get("ATTNGEN_TEMPLATES_DIR")
     return Path(env) if env else _shipped("templates", "_templates")
@@ -69,16 +84,43 @@ def tuning_db_path(writing: bool = False) -> Path:
         return Path(env)
     if in_checkout():
         return REPO_ROOT / "tuning_db" / "attngen.sqlite"
-    user = cache_dir() / "tuning_db" / "attngen.sqlite"
+    user = user_tuning_db_path()
     if writing or user.exists():
         return user
     return PACKAGE_DIR / "_tuning_db" / "attngen.sqlite"
+
+
+def user_tuning_db_path() -> Path:
+    """The user's own tuning database: <cache_dir()>/tuning_db/attngen.sqlite."""
+    return cache_dir() / "tuning_db" / "attngen.sqlite"
 
 
 def tuning_db_url(writing: bool = False) -> str:
     """The tuning database as given: ATTNGEN_DB (a file path or an SQLAlchemy URL), else
     tuning_db_path(writing). attngen.db.schema.to_url turns a path into a sqlite:/// URL."""
     return os.environ.get("ATTNGEN_DB") or str(tuning_db_path(writing))
+
+
+def shipped_tuning_db_path() -> Path:
+    """The database of winners attngen ships: the checkout's tuning_db/attngen.sqlite, else the
+    wheel's copy (attngen/_tuning_db/attngen.sqlite)."""
+    return _shipped("tuning_db", "_tuning_db") / "attngen.sqlite"
+
+
+def tuning_db_layers() -> list[tuple[str, str]]:
+    """The tuning databases the runtime reads, as (origin, location), the first that holds a
+    winner for a (kernel, device class, shape bucket) serving it. ATTNGEN_DB names the one database
+    to read, alone ("ATTNGEN_DB"). Else the user's database (ATTNGEN_TUNING_DB, or for an installed
+    package <cache_dir()>/tuning_db/attngen.sqlite, where `attngen tune` and `attngen db import`
+    write) overlays the shipped one: ("user", ...), ("shipped", ...). In a checkout with neither
+    variable set the two are one file, tuning_db/attngen.sqlite ("shipped")."""
+    given = os.environ.get("ATTNGEN_DB")
+    if given:
+        return [("ATTNGEN_DB", given)]
+    shipped = shipped_tuning_db_path()
+    user = os.environ.get("ATTNGEN_TUNING_DB") or (None if in_checkout() else str(user_tuning_db_path()))
+    layers = [("user", user)] if user and Path(user).resolve() != shipped.resolve() else []
+    return [*layers, ("shipped", str(shipped))]
 
 
 def interpreting() -> bool:

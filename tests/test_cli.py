@@ -450,7 +450,12 @@ def test_installed_build_writes_the_user_cache_with_the_shipped_bytes(installed,
     built = kernel_files(installed)
     assert built and f"{len(built) + 1} written, 0 unchanged, 0 removed" in stdout
     assert f"wrote   cache/generated/{built[0]}" in stdout
-    assert f"ATTNGEN_GENERATED_DIR={installed} " in stdout
+    assert "ATTNGEN_GENERATED_DIR" not in stdout  # nothing to set: the runtime looks there
+    from attngen.runtime import loader
+    from attngen.spec import load_spec
+
+    spec = load_spec(clone / "specs" / "llama.yaml").entries[0].kernel_specs()[0]
+    assert loader.built_module_path(spec).parent == installed
     for name in built:
         assert committed.get(name) == (installed / name).read_bytes(), f"{name} differs from generated/"
     llama = {u for u, e in json.loads(committed["manifest.json"])["kernels"].items()
@@ -460,6 +465,12 @@ def test_installed_build_writes_the_user_cache_with_the_shipped_bytes(installed,
     rc, stdout, _ = run(capsys, "build", clone / "specs" / "llama.yaml")  # absolute path: same bytes
     assert rc == 0 and f"0 written, {len(built) + 1} unchanged, 0 removed" in stdout
     assert tree(REPO_ROOT / "generated") == committed
+
+
+def test_a_build_elsewhere_says_how_the_runtime_finds_it(tmp_path, spec_a, capsys):
+    rc, stdout, _ = run(capsys, "build", spec_a, "--out", tmp_path / "mine")
+    assert rc == 0
+    assert f"run with ATTNGEN_GENERATED_DIR={tmp_path / 'mine'} for it to load these" in stdout
 
 
 def test_build_refuses_to_write_into_the_package(installed, tmp_path, monkeypatch, spec_a, capsys):
@@ -511,11 +522,11 @@ def test_unknown_command_or_option_exits_2(capsys):
 
 
 def test_explain_without_a_gpu_is_a_clear_error(capsys, monkeypatch):
-    """`attngen explain` (default --device cuda) on a machine without a GPU: exit 1 (the machine
+    """`attngen explain --device cuda` on a machine without a GPU: exit 1 (the machine
     lacks what the command needs) and a one-line message, no traceback."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    code, out, err = run(capsys, "explain", "--shape", "2,6,6,113,203,40", "--causal")
+    code, out, err = run(capsys, "explain", "--shape", "2,6,6,113,203,40", "--causal", "--device", "cuda")
     assert code == 1 and out == ""
     assert "needs a CUDA GPU" in err and "--device cpu" in err and "Traceback" not in err

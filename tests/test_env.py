@@ -62,3 +62,36 @@ def test_tuning_db_outside_a_checkout_is_read_from_the_wheel_and_written_to_the_
 def test_tuning_db_in_a_checkout_is_the_repository_file(monkeypatch):
     monkeypatch.delenv("ATTNGEN_TUNING_DB", raising=False)
     assert env.tuning_db_path() == env.tuning_db_path(writing=True) == env.REPO_ROOT / "tuning_db" / "attngen.sqlite"
+
+
+
+def test_the_tests_never_touch_the_users_cache():
+    """tests/conftest.py points ATTNGEN_CACHE_DIR at a temporary folder before attngen is imported,
+    and a kernel nobody built is rendered there."""
+    import os
+    import tempfile
+
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    cache = env.cache_dir().resolve()
+    assert os.environ["ATTNGEN_CACHE_DIR"] and cache == Path(os.environ["ATTNGEN_CACHE_DIR"]).resolve()
+    assert cache.is_relative_to(Path(tempfile.gettempdir()).resolve()), cache
+    assert not cache.is_relative_to((Path.home() / ".cache").resolve()), cache
+    mod = loader.load(KernelSpec("fwd", "fp16", "sm80", 24, 24, 3, "none"))  # in no spec file
+    assert Path(mod.__file__).resolve().is_relative_to(cache), mod.__file__
+
+
+def test_an_installed_attngen_tunes_the_specs_its_wheel_carries(fake_root):
+    """Outside a checkout the shipped specs are attngen/_specs, which pyproject.toml fills from
+    specs/: `attngen tune` without --spec tunes them."""
+    tomllib = pytest.importorskip("tomllib")
+    from attngen.tuning.targets import TuneError, TuneOptions, plan
+
+    assert env.specs_dir() == Path(env.__file__).resolve().parent / "_specs"
+    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as fh:
+        tool = tomllib.load(fh)["tool"]["setuptools"]
+    assert tool["package-dir"]["attngen._specs"] == "specs" and "attngen._specs" in tool["packages"]
+    assert tool["package-data"]["attngen._specs"] == ["*.yaml"]
+    with pytest.raises(TuneError, match="_specs"):  # no wheel was built here: the error names the path
+        plan(TuneOptions(device="h100"))

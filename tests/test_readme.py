@@ -4,6 +4,7 @@ exist."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -22,6 +23,11 @@ README = (REPO_ROOT / "README.md").read_text()
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """(language, body) of every ``` block, in order."""
     return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.S | re.M)
+
+
+def setup_section() -> str:
+    start = README.index("## Set-up and main job")
+    return README[start:README.index("\n## ", start + 1)]
 
 
 def snippet(marker: str) -> str:
@@ -74,7 +80,7 @@ def half_up(x: float) -> int:
 
 def test_benchmark_table_is_the_committed_results():
     run = json.loads((REPO_ROOT / "benchmarks/results/h200_bench_both_docs_2026-12-01.json").read_text())
-    lines = README[README.index("## Benchmarks"):].splitlines()
+    lines = README[README.index("## Results"):].splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith("| case"))
     table = []  # the first table after the heading (later tables are other views)
     for line in lines[first + 2:]:
@@ -94,7 +100,7 @@ def test_benchmark_table_is_the_committed_results():
     assert got == want
 
 
-@pytest.mark.parametrize("doc", ["README.md", "benchmarks/README.md"])
+@pytest.mark.parametrize("doc", ["docs/benchmarks.md", "benchmarks/README.md"])
 def test_case_tables_are_the_bench_cases(doc):
     """Both case tables list every `attngen bench` case, in order, with its shape."""
     from attngen.bench import CASES
@@ -120,7 +126,7 @@ def test_version_is_explained():
 def test_bare_command_output_is_what_it_prints(tmp_path):
     """The set-up section shows what `attngen` alone prints, and it is the real output (a fresh
     process, at argparse's usual 80 columns), the exit status 0."""
-    section = README[README.index("## Set-up and main job"):README.index("## Tests")]
+    section = setup_section()
     lang, shown = fenced_blocks(section[section.index("<!-- output: attngen -->"):])[0]
     env = {**os.environ, "COLUMNS": "80", "NO_COLOR": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -143,9 +149,76 @@ def test_install_commands_pin_a_torch_the_project_allows():
 
     pyproject = (REPO_ROOT / "pyproject.toml").read_text()
     allowed = Requirement(re.search(r'^\s*"(torch[<>=!~ ][^"]*)",', pyproject, flags=re.M)[1]).specifier
-    section = README[README.index("## Set-up and main job"):README.index("## Tests")]
+    section = setup_section()
     pins = re.findall(r"pip install torch==(\S+) --index-url https://download\.pytorch\.org/whl/(\w+)", section)
     assert {index == "cpu" for _, index in pins} == {True, False}, pins  # a CPU and a CUDA command
     for version, index in pins:
         assert version in allowed, f"torch=={version} ({index}) is outside pyproject's torch{allowed}"
         assert index == "cpu" or re.fullmatch(r"cu\d+", index), index
+
+
+def cli_table() -> set[tuple[str, ...]]:
+    """The commands the README's command table names: the words after `attngen` up to the first
+    argument, option or placeholder."""
+    start = README.index("<!-- cli-table -->")
+    rows = list(itertools.takewhile(lambda line: line.startswith("|"), README[start:].splitlines()[1:]))
+    assert len(rows) > 2, "no command table after <!-- cli-table -->"
+    out = set()
+    for row in rows[2:]:
+        cell = re.fullmatch(r"\| `attngen ([^`]*)` \|.*", row)
+        assert cell, f"a command-table row that names no `attngen ...` command: {row}"
+        words = []
+        for word in cell[1].split():
+            if not re.fullmatch(r"[a-z]+", word):
+                break
+            words.append(word)
+        out.add(tuple(words))
+    return out
+
+
+def test_the_cli_table_is_every_command():
+    """Every command the README's table names exists, and every command (each sub-command of a
+    group) is in the table."""
+    import argparse
+
+    from attngen.cli import make_parser
+
+    def leaves(parser, path=()):
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path
+        for action in subs:
+            for name, sub in action.choices.items():
+                sub.format_help()  # a command adds its arguments (and sub-commands) on first use
+                yield from leaves(sub, (*path, name))
+
+    commands = set(leaves(make_parser()))
+    table = cli_table()
+    assert table - commands == set(), f"the README's table names commands attngen lacks: {table - commands}"
+    assert commands - table == set(), f"commands missing from the README's table: {commands - table}"
+
+
+def test_the_environment_table_is_every_variable_attngen_reads():
+    """docs/runtime.md's table of environment variables lists every ATTNGEN_* name the package
+    uses, and no other."""
+    used = set()
+    for path in (REPO_ROOT / "attngen").rglob("*.py"):
+        used |= set(re.findall(r"\bATTNGEN_[A-Z0-9_]+\b", path.read_text()))
+    doc = (REPO_ROOT / "docs" / "runtime.md").read_text()
+    table = set(re.findall(r"^\| `(ATTNGEN_[A-Z0-9_]+)` \|", doc, flags=re.M))
+    assert used, "no ATTNGEN_* variable found in attngen/"
+    assert table == used, f"in the code, not the table: {used - table}; in the table, not the code: {table - used}"
+    assert "docs/runtime.md" in README, "the README links the table"
+
+
+def test_every_result_file_the_docs_cite_is_committed():
+    """A result file named in the README or docs/ (by path or by its name alone) is in
+    benchmarks/results/."""
+    have = {p.name for p in (REPO_ROOT / "benchmarks" / "results").iterdir()}
+    docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    cited = 0
+    for doc in docs:
+        for name in re.findall(r"\b((?:h200|cpu|gpu)_[\w.\-]+?\.(?:json|log|png|txt))\b", doc.read_text()):
+            cited += 1
+            assert name in have, f"{doc.relative_to(REPO_ROOT)} cites {name}, which benchmarks/results/ lacks"
+    assert cited > 50, cited  # the README's results and docs/benchmarks.md cite dozens

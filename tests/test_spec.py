@@ -199,6 +199,36 @@ def test_invalid_yaml_names_file_and_line(tmp_path):
     assert str(err).startswith(f"{path}: not valid YAML (line "), str(err)
 
 
+@pytest.mark.parametrize("text, line, words", [
+    # a bracket or quote left open: the parser notices on a later line, the message names the first
+    ("kernels:\n  - name: k0\n    head_dim: [128\n    mask: causal\n", 3, "a flow sequence opens here"),
+    ("kernels:\n  - name: k0\n    mask: {x: 1\n\n", 3, "a flow mapping opens here"),
+    ('kernels:\n  - name: "k0\n    head_dim: 64\n', 2, "a quoted scalar opens here"),
+    # a line indented wrong is the line named
+    ("kernels:\n  - name: k0\n    head_dim: 64\n   mask: causal\n", 4, "expected <block end>"),
+    ("kernels:\n  - name: k0\n     head_dim: 64\n", 3, "mapping values are not allowed"),
+])
+def test_yaml_errors_name_the_line_to_fix(tmp_path, text, line, words):
+    path = write_spec(tmp_path, text)
+    err = str(spec_error(path))
+    assert err.startswith(f"{path}: not valid YAML (line {line}, column "), err
+    assert words in err, err
+
+
+@pytest.mark.parametrize("key, guess", [("head_dims", "head_dim"), ("dtype", "dtypes"), ("mask_kind", "mask")])
+def test_an_unknown_field_gets_a_did_you_mean(tmp_path, key, guess):
+    good = entry()
+    path = write_spec(tmp_path, {"kernels": [{**good, key: good.get(guess, 1)}]})
+    err = str(spec_error(path))
+    assert f"field '{key}': unknown field (did you mean '{guess}'? known: " in err, err
+
+
+def test_an_unknown_field_far_from_any_gets_the_list_only(tmp_path):
+    path = write_spec(tmp_path, {"kernels": [{**entry(), "zzzz": 1}]})
+    err = str(spec_error(path))
+    assert "did you mean" not in err and "unknown field (known: name, " in err, err
+
+
 def test_key_given_twice_is_an_error_not_last_wins(tmp_path):
     text = yaml.safe_dump({"kernels": [GOOD]}, sort_keys=False).replace(
         "head_dim: 128", "head_dim: 128\n  head_dim: 64")

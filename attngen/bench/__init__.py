@@ -53,18 +53,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated case names (default: all): {', '.join(CASES_BY_NAME)}")
     p.add_argument("--providers", default=None,
                    help=f"comma-separated providers (default: all): {', '.join(PROVIDERS_BY_NAME)}")
-    p.add_argument("--out", default=None, help="write the results as JSON to this file")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="default: bf16")
+    p.add_argument("--out", default=None, help="write the results as JSON to this file (default: print them only)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="element type (default: bf16)")
     p.add_argument("--quick", action="store_true",
                    help="short warmup/rep (%(q)s ms) for smoke runs" % {
                        "q": "/".join(map(str, TIMING["quick"].values()))})
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="also draw the results: grouped TFLOP/s bars per case and provider, with "
                         "attngen's ratio to cuDNN and FlexAttention (needs matplotlib: "
-                        "pip install 'attngen[plot]')")
+                        "pip install 'attngen[plot]'; default: no plot)")
     p.add_argument("--from", dest="from_json", default=None, metavar="RESULTS.json",
                    help="with --plot: measure nothing, draw this results file (of --out) instead; "
-                        "needs no GPU")
+                        "needs no GPU (default: measure)")
 
 
 def _pick(arg: str | None, table: dict, what: str) -> list:

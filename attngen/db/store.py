@@ -23,6 +23,7 @@ from sqlalchemy import event, inspect, insert, select, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from attngen import env
 from attngen._version import __version__
 from attngen.db import migrations, schema
 from attngen.db.models import (Base, DeviceModel, KernelModel, SchemaVersionModel, ShapeBucketModel,
@@ -104,7 +105,9 @@ def _sqlite_events(engine: sqlalchemy.Engine, mode: str) -> None:
 class Store:
     """One tuning database. mode "read": never writes (nor migrates); "write": an existing attngen
     database, migrated to this schema if older; "create": also creates the schema in an empty
-    database (or a missing SQLite file)."""
+    database (or a missing SQLite file). The folder of a new SQLite file must exist, unless it is
+    attngen's own place in the user cache (env.user_tuning_db_path): a mistyped path is an error,
+    not a new tree of folders."""
 
     def __init__(self, location: str, mode: str = "read"):
         if mode not in MODES:
@@ -119,6 +122,9 @@ class Store:
                 if mode != "create":
                     raise schema.DatabaseMissing(f"{path}: no tuning database here (`attngen tune` "
                                                  f"writes one)")
+                if not path.parent.is_dir() and path != env.user_tuning_db_path():
+                    raise schema.TuningDBError(f"{path.parent}: no such folder for the database "
+                                               f"{path.name} (create it first)")
                 path.parent.mkdir(parents=True, exist_ok=True)
             elif path.is_dir():
                 raise schema.TuningDBError(f"{path}: is a folder, not a database file")

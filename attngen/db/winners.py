@@ -2,11 +2,11 @@
 class for a shape bucket.
 
 Cheap to import and to call: no optuna, no SQLAlchemy for the default SQLite file (the stdlib
-sqlite3 opens it read-only), no torch. The database is read once per process, on the first lookup,
-into a dict; every later lookup is a dict access (plus `nearest` over the kernel's few tuned
-buckets). Where it is: env.tuning_db_url() (ATTNGEN_DB, a path or an SQLAlchemy URL; else
-tuning_db/attngen.sqlite). No database there: every lookup is None and the runtime's default tables
-serve. A database that exists but cannot be used (corrupt, another program's, a newer or older
+sqlite3 opens it read-only), no torch. The databases are read once per process, on the first
+lookup, into a dict; every later lookup is a dict access (plus `nearest` over the kernel's few tuned
+buckets). Which: env.tuning_db_layers() -- the user's database overlaying the shipped one (a
+bucket the user tuned is served from the user's, every other from the shipped), or ATTNGEN_DB
+alone. No database there: every lookup is None and the runtime's default tables serve. A database that exists but cannot be used (corrupt, another program's, a newer or older
 schema, an unreachable server) raises schema.TuningDBError with a one-line message on every lookup:
 tuned configs are never silently dropped, and a broken file is never silently half-used.
 """
@@ -34,8 +34,9 @@ _QUERY = (f"SELECT k.uri, k.template_hash, k.family, w.device_class, b.key, w.co
           f"JOIN {schema.KERNELS} k ON w.kernel_id = k.id "
           f"JOIN {schema.SHAPE_BUCKETS} b ON w.bucket_id = b.id")
 
-# (uri, device_class) -> [(bucket, template_hash, family, config dict, gain over the default)]
-_Table = dict[tuple[str, str], list[tuple[ShapeBucket, str, str, dict, float | None]]]
+# (uri, device_class) -> [(bucket, template_hash, family, config dict, gain over the default,
+# (origin, where) of the database)], the user's rows before the shipped ones
+_Table = dict[tuple[str, str], list[tuple[ShapeBucket, str, str, dict, float | None, tuple[str, str]]]]
 
 # A winner that beats the default config of its study by less than this is measurement noise (the
 # same kernel and config moves by 1-5 % between H200 runs, benchmarks/README.md): the bucket keeps
@@ -58,31 +59,44 @@ def lookup(uri: str, kernel_hash: str, device_class: str, bucket: ShapeBucket) -
     `kernel_hash`) are ignored, with one warning per uri; so are configs whose fields no longer fit the config class.
     A bucket whose winner beat the default by less than MIN_GAIN is served by the default table
     (None), and so are the untuned buckets nearest to it."""
+    found = find(uri, kernel_hash, device_class, bucket)
+    return found[0] if found is not None else None
+
+
+def find(uri: str, kernel_hash: str, device_class: str,
+         bucket: ShapeBucket) -> tuple[dict, str, str] | None:
+    """lookup()'s config with the database it came from: (config, origin, where); origin is
+    "user", "shipped" or "ATTNGEN_DB" (env.tuning_db_layers)."""
     rows = _load().get((uri, device_class))
     if not rows:
         return None
-    fresh: dict[ShapeBucket, dict | None] = {}
+    fresh: dict[ShapeBucket, tuple[dict, str, str] | None] = {}
     stale = []
-    for b, h, family, cfg, gain in rows:
+    for b, h, family, cfg, gain, (origin, where) in rows:
+        if b in fresh:  # an earlier database (the user's) has this bucket
+            continue
         if h != kernel_hash:
-            stale.append(h)
+            stale.append((h, where))
             continue
         if gain is not None and gain < MIN_GAIN:
             fresh[b] = None
             continue
         try:
-            fresh[b] = dataclasses.asdict(space.config_from_dict(family_of(family).config, cfg))
+            fresh[b] = (dataclasses.asdict(space.config_from_dict(family_of(family).config, cfg)), origin, where)
         except (ValueError, KeyError) as exc:
             _warn_once(uri, f"attngen: ignoring the tuned {uri} config for {b.key} in "
-                            f"{_where()}: it does not fit this attngen ({exc})")
+                            f"{where}: it does not fit this attngen ({exc})")
     if stale and not fresh:
-        _warn_once(uri, f"attngen: ignoring {len(stale)} tuned config(s) of {uri} in {_where()}: "
-                        f"tuned on kernel hash {stale[0]}, the kernel now has {kernel_hash} "
+        _warn_once(uri, f"attngen: ignoring {len(stale)} tuned config(s) of {uri} in {stale[0][1]}: "
+                        f"tuned on kernel hash {stale[0][0]}, the kernel now has {kernel_hash} "
                         f"(retune with `attngen tune`); using the default configs")
     if not fresh:
         return None
     near = bucket if bucket in fresh else nearest(bucket, fresh)
-    return dict(fresh[near]) if near is not None and fresh[near] is not None else None
+    if near is None or fresh[near] is None:
+        return None
+    cfg, origin, where = fresh[near]
+    return dict(cfg), origin, where
 
 
 def reset() -> None:
@@ -99,10 +113,6 @@ def _warn_once(uri: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _where() -> str:
-    return schema.redact(env.tuning_db_url())
-
-
 def _load() -> _Table:
     global _table, _error
     if _table is not None:
@@ -112,15 +122,20 @@ def _load() -> _Table:
             raise _error
         if _table is None:
             try:
-                _table = _read(env.tuning_db_url())
+                table: _Table = {}
+                for origin, location in env.tuning_db_layers():
+                    for key, rows in _read(location, origin).items():
+                        table.setdefault(key, []).extend(rows)
+                _table = table
             except TuningDBError as exc:
                 _error = exc
                 raise
     return _table
 
 
-def _read(location: str) -> _Table:
+def _read(location: str, origin: str) -> _Table:
     url = schema.to_url(location)
+    where = schema.redact(url) if schema.sqlite_path(url) is None else str(schema.sqlite_path(url))
     path = schema.sqlite_path(url)
     if path is not None:
         if not path.exists():
@@ -136,10 +151,10 @@ def _read(location: str) -> _Table:
             b = parse_bucket(key)
             cfg = json.loads(config_json)
         except ValueError as exc:
-            raise schema.CorruptDatabase(f"{_where()}: winner of {uri} has a bad bucket or config "
+            raise schema.CorruptDatabase(f"{where}: winner of {uri} has a bad bucket or config "
                                          f"({exc})") from None
         gain = default_ms / time_ms - 1.0 if default_ms and time_ms and time_ms > 0 else None
-        table.setdefault((uri, device_class), []).append((b, template_hash, family, cfg, gain))
+        table.setdefault((uri, device_class), []).append((b, template_hash, family, cfg, gain, (origin, where)))
     return table
 
 

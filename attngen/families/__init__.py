@@ -6,9 +6,13 @@ No jinja2, optuna or SQLAlchemy: the runtime plans calls through these modules."
 
 from __future__ import annotations
 
-from attngen import spec as _spec
-from attngen.families import bwd, decode, fwd
-from attngen.families.base import Family
+from attngen import env as _env
+
+_env.setup_interpreter()  # before fwd / bwd import triton
+
+from attngen import spec as _spec  # noqa: E402
+from attngen.families import bwd, decode, fwd  # noqa: E402
+from attngen.families.base import Family  # noqa: E402
 
 FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode)}
 assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"

@@ -18,11 +18,12 @@ def _ints(text: str) -> list[int]:
 
 def warmup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("specs", nargs="+", help="spec files or folders: their entries' shapes are warmed")
-    p.add_argument("--seqlens", type=_ints, default=[1024, 4096, 16384],
-                   help="sequence lengths, one per shape bucket to compile (default 1024,4096,16384)")
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seqlens", type=_ints, default=[1024, 4096, 16384], metavar="S,S,...",
+                   help="sequence lengths, one per shape bucket to compile (default: 1024,4096,16384)")
+    p.add_argument("--batch", type=int, default=1, help="batch size of the warmed calls")
     p.add_argument("--backward", action="store_true", help="compile the backward kernels too")
-    p.add_argument("--device", default="cuda", help="cuda (default; needs a GPU) or cpu (Triton's interpreter)")
+    p.add_argument("--device", default="cuda",
+                   help="cuda (needs a GPU) or cpu (Triton's interpreter)")
 
 
 def run_warmup(args: argparse.Namespace) -> int:
@@ -37,9 +38,9 @@ def run_warmup(args: argparse.Namespace) -> int:
         print(f"attngen warmup: {len(exc.problems)} problem(s):\n{exc}", file=sys.stderr)
         return 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("attngen warmup: --device cuda but no CUDA GPU is visible; use --device cpu for the "
-              "interpreter", file=sys.stderr)
-        return 2
+        print("attngen warmup: --device cuda needs a CUDA GPU, and none is visible; `--device cpu` "
+              "warms Triton's interpreter instead", file=sys.stderr)
+        return 1
     for f in files:
         for e in f.entries:
             hq = e.num_q_heads or e.gqa_ratio
@@ -61,13 +62,19 @@ def run_warmup(args: argparse.Namespace) -> int:
 
 
 def explain_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shape", type=_ints, required=True, help="B,Hq,Hkv,Sq,Sk,D")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--causal", action="store_true")
-    p.add_argument("--window", type=_ints, default=[-1, -1], help="left,right (flash-attn)")
-    p.add_argument("--softcap", type=float, default=0.0)
-    p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
-    p.add_argument("--device", default="cuda", help="cuda (default; needs a GPU) or cpu (Triton's interpreter)")
+    p.add_argument("--shape", type=_ints, required=True, metavar="B,Hq,Hkv,Sq,Sk,D",
+                   help="batch, query heads, KV heads, query and key lengths, head dim")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="element type")
+    p.add_argument("--causal", action="store_true", help="causal mask")
+    p.add_argument("--window", type=_ints, default=[-1, -1], metavar="L,R",
+                   help="sliding window, keys left and right of the query as flash-attn's "
+                        "window_size (default: -1,-1, no window)")
+    p.add_argument("--softcap", type=float, default=0.0, help="tanh softcapping; 0 is off")
+    p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd",
+                   help="bhsd (SDPA's) or bshd (flash-attn's)")
+    p.add_argument("--device", default="auto",
+                   help="cuda (needs a GPU), cpu (Triton's interpreter) or auto: cuda when a GPU is "
+                        "visible, else cpu")
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -79,6 +86,8 @@ def run_explain(args: argparse.Namespace) -> int:
         print("attngen explain: --shape takes B,Hq,Hkv,Sq,Sk,D", file=sys.stderr)
         return 2
     B, hq, hkv, sq, sk, d = args.shape
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if str(args.device).startswith("cuda") and not torch.cuda.is_available():
         print("attngen explain: --device cuda needs a CUDA GPU (torch.cuda.is_available() is False); "
               "on this machine, `--device cpu` explains what Triton's interpreter would run",

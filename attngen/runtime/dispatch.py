@@ -21,7 +21,7 @@ import torch
 from attngen.families import family
 from attngen.spec import TARGETS, KernelSpec
 from attngen.buckets import ShapeBucket
-from attngen.devices import CPU_CLASS, class_of_capability
+from attngen.devices import CPU_CLASS, class_of_capability, target_of_capability
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -107,16 +107,15 @@ def _capability(index: int) -> tuple[int, int]:
 
 
 def _capability_target(major: int, minor: int) -> str:
-    if major == 9:
-        return "sm90"
-    if major >= 8:
-        return "sm80"
-    raise ValueError(f"q: attngen needs an sm80+ GPU; this one is sm{major}{minor}")
+    try:
+        return target_of_capability(major, minor)
+    except ValueError as exc:
+        raise ValueError(f"q: {exc}") from None
 
 
 def device_class(device: torch.device, interpret: bool) -> str:
-    """The class tuned configs are stored under: h100 / a100 (attngen.devices), cpu for the
-    interpreter, or sm<cc> for a GPU no profile holds (defaults only)."""
+    """The class tuned configs are stored under (attngen.devices.PROFILES: a100 = sm80, sm86, sm89,
+    h100 = sm90), cpu for the interpreter, or sm<cc> for a GPU no class holds (defaults only)."""
     if interpret or device.type != "cuda":
         return CPU_CLASS
     major, minor = _capability(_index(device))

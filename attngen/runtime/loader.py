@@ -1,7 +1,9 @@
 """Find and import the generated module for a KernelSpec.
 
-Order: the built kernels in generated/ (through manifest.json, no jinja2 needed), then the per-user
-cache, rendering the module there from the templates when it is missing.
+Order: the built kernels (env.generated_dirs(): generated/, or for an installed package what
+`attngen build` wrote into the user cache and then the wheel's kernels; through manifest.json, no
+jinja2 needed), then the per-user cache, rendering the module there from the templates when it is
+missing.
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ def _manifest(gen_dir: str) -> dict:
 
 
 def built_module_path(spec: KernelSpec) -> Path | None:
-    gen = env.generated_dir()
-    ent = _manifest(str(gen)).get(spec.uri)
-    if ent is None:
-        return None
-    path = gen / ent["file"]
-    return path if path.exists() else None
+    for gen in env.generated_dirs():
+        ent = _manifest(str(gen)).get(spec.uri)
+        if ent is not None and (gen / ent["file"]).exists():
+            return gen / ent["file"]
+    return None
 
 
 def cached_module_path(spec: KernelSpec) -> Path:

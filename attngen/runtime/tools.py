@@ -8,6 +8,7 @@ import time
 import torch
 
 from attngen.configs import pointer_bwd_config
+from attngen.devices import describe
 from attngen.runtime import api, dispatch, public, validate
 
 
@@ -54,10 +55,18 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
            "tuned bucket)" if plan.config_source.startswith("tuned") else
            "a dispatch.forced_config scope" if plan.config_source == "forced" else
            "the family's default table (nothing tuned for this kernel and device class)")
+    tuned_in = None
+    if plan.config_source.startswith("tuned"):
+        from attngen.db import winners  # stdlib sqlite3 only
+
+        found = winners.find(plan.spec.uri, plan.module.KERNEL_HASH, plan.device_class, plan.bucket)
+        tuned_in = f"{found[1]}: {found[2]}" if found else None
     return {
         "kernel": plan.spec.uri, "file": str(plan.module.__file__), "device_class": plan.device_class,
+        "device": describe(plan.device_class),
         "bucket": plan.bucket.key, "config": plan.config.as_dict(), "config_source": plan.config_source,
-        "why": why, "launches": launched, "programs": launched[0]["programs"] if launched else 0,
+        "why": why, **({"tuned_in": tuned_in} if tuned_in else {}),
+        "launches": launched, "programs": launched[0]["programs"] if launched else 0,
         "offsets_64bit": any(r["offsets_64bit"] for r in launched), "mask": opts.mask,
         "layout": layout,
         # the decode family (a short query on a long KV): slices of the key axis per (batch row,

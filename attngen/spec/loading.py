@@ -4,7 +4,9 @@ in generated headers (spec_label)."""
 
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -111,7 +113,7 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     start = len(problems)
     for key in raw:
         if key not in _ENTRY_FIELDS:
-            e.bad(str(key), f"unknown field (known: {', '.join(_ENTRY_FIELDS)})")
+            e.bad(str(key), _unknown_field(key, _ENTRY_FIELDS))
     # a field set to null is a field left out (its default, or "is required")
     raw = e.raw = {k: v for k, v in raw.items() if v is not None}
     name = raw.get("name")
@@ -223,6 +225,28 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _unknown_field(key: Any, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(str(key), known, n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    return f"unknown field ({hint}known: {', '.join(known)})"
+
+
+def _yaml_where(exc: yaml.YAMLError) -> str:
+    """' (line L, column C): what' for a YAML error. A bracket or quote left open is only noticed on
+    a later line: then the line named is the one where it opens."""
+    problem = getattr(exc, "problem", None) or str(exc)
+    mark = getattr(exc, "problem_mark", None)
+    context, start = getattr(exc, "context", None) or "", getattr(exc, "context_mark", None)
+    opened = re.fullmatch(r"while (?:parsing|scanning) (an? (?:flow \w+|quoted scalar))", context)
+    if opened and start is not None and (mark is None or start.line < mark.line):
+        seen = f" on line {mark.line + 1}" if mark is not None else ""
+        return (f" (line {start.line + 1}, column {start.column + 1}): {opened[1]} opens here and is "
+                f"never closed ({problem}{seen})")
+    if mark is None:
+        return f": {problem}"
+    return f" (line {mark.line + 1}, column {mark.column + 1}): {problem}"
+
+
 def _check_file(text: str, path: str) -> tuple[SpecFile | None, list[str], dict[str, list[int]]]:
     """Parse and validate one file: (the SpecFile or None, every problem, entry name -> indices).
     The names come from every entry with a usable name, valid or not, so that a duplicate name is
@@ -230,15 +254,13 @@ def _check_file(text: str, path: str) -> tuple[SpecFile | None, list[str], dict[
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        return None, [f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}"], {}
+        return None, [f"{path}: not valid YAML{_yaml_where(exc)}"], {}
     if not isinstance(raw, dict):
         return None, [f"{path}: the top level must be a mapping with a 'kernels' list"], {}
     problems: list[str] = []
     for key in raw:
         if key not in _TOP_FIELDS:
-            problems.append(f"{path}: top level: field '{key}': unknown field (known: {', '.join(_TOP_FIELDS)})")
+            problems.append(f"{path}: top level: field '{key}': {_unknown_field(key, _TOP_FIELDS)}")
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         problems.append(f"{path}: top level: field 'model': must be a string")

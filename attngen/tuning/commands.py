@@ -10,20 +10,22 @@ import json
 import sys
 
 from attngen.db import schema
-from attngen.families import FAMILIES
+from attngen.spec import FAMILIES
 from attngen.buckets import parse_bucket
-from attngen.devices import PROFILES
+from attngen.devices import AUTO, DEVICE_CHOICES, PROFILES, canonical
 
-def add_commands(subparsers) -> None:
-    """Add `tune` and `db` to attngen's sub-command parsers (attngen.cli.make_parser)."""
-    t = subparsers.add_parser("tune", prog="attngen tune", help="tune launch configs on this GPU into the tuning database",
-                              description="Optuna over the launch-config space of each kernel, one "
-                              "study per (kernel, device class, shape bucket); winners go to the "
-                              "tuning database the runtime reads.")
-    t.add_argument("--device", required=True, choices=sorted(PROFILES),
-                   help="device profile: h100 (sm90: H100, H200, GH200) or a100 (sm80)")
+
+def tune_arguments(t: argparse.ArgumentParser) -> None:
+    """`attngen tune`'s arguments (a row of attngen.cli.COMMANDS)."""
+    t.description = ("Optuna over the launch-config space of each kernel, one study per (kernel, "
+                     "device class, shape bucket); winners go to the tuning database the runtime reads.")
+    t.add_argument("--device", default=AUTO, choices=DEVICE_CHOICES, metavar="CLASS",
+                   help="device class to tune for: auto (the GPU's own), "
+                        + ", ".join(f"{p.arch}{' / ' + p.name if p.name != p.arch else ''} "
+                                    f"({p.gpus}; the {p.target} kernels)" for p in PROFILES.values()))
     t.add_argument("--spec", dest="specs", action="append", default=[], metavar="FILE",
-                   help="spec file or folder (repeatable; default: the repository's specs/)")
+                   help="spec file or folder (repeatable; default: the checkout's specs/, or the "
+                        "specs an installed attngen ships)")
     t.add_argument("--shapes", type=_buckets, default=None, metavar="BUCKETS",
                    help="comma-separated shape buckets, e.g. q4096_k4096_bh64,q1024_k1024_bh128 "
                         "(default: Sq = Sk in 1k..16k, batch x heads = 1x and 4x the entry's heads)")
@@ -31,7 +33,7 @@ def add_commands(subparsers) -> None:
                    help="distinct configs to measure per study, all workers and earlier runs "
                         "together (default 20)")
     t.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="stop after S seconds (the trial in flight finishes)")
+                   help="stop after S seconds (the trial in flight finishes; default: no limit)")
     t.add_argument("--storage", default=None, metavar="URL",
                    help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else "
                         "tuning_db/attngen.sqlite); Optuna's studies go there too")
@@ -46,7 +48,7 @@ def add_commands(subparsers) -> None:
     t.add_argument("--family", dest="families", action="append", choices=tuple(FAMILIES),
                    help="kernel family (repeatable; default every family)")
     t.add_argument("--kernels", default=None, metavar="GLOB",
-                   help="only kernels whose uri matches, e.g. 'attn_fwd_bf16_*'")
+                   help="only kernels whose uri matches, e.g. 'attn_fwd_bf16_*' (default: all)")
     t.add_argument("--fix", dest="fixed", action="append", default=[], type=_fix, metavar="FIELD=VALUE",
                    help="pin a config field to one value (repeatable), e.g. atomic_dq=false for a "
                         "deterministic backward, tma=false; a pinned space is its own study")
@@ -57,21 +59,27 @@ def add_commands(subparsers) -> None:
     t.add_argument("--gpu", type=int, default=0, help=argparse.SUPPRESS)
     t.add_argument("--timer", dest="timer_ref", default=None, help=argparse.SUPPRESS)
     t.add_argument("--probe", dest="probe_ref", default=None, help=argparse.SUPPRESS)
-    t.set_defaults(func=_cmd_tune)
 
-    d = subparsers.add_parser("db", prog="attngen db", help="show, export, import, migrate the tuning database")
-    dsub = d.add_subparsers(dest="db_command", required=True)
+
+def run_tune(args: argparse.Namespace) -> int:
+    return _cmd_tune(args)
+
+
+def db_arguments(d: argparse.ArgumentParser) -> None:
+    """`attngen db`'s sub-commands (a row of attngen.cli.COMMANDS)."""
+    dsub = d.add_subparsers(dest="db_command", title="commands", metavar="<db command>")
     show = dsub.add_parser("show", help="the winners: kernel, bucket, config, TFLOP/s, gain over the default")
     _storage(show)
-    show.add_argument("--kernels", default=None, metavar="GLOB", help="only kernels whose uri matches")
-    show.add_argument("--device", default=None, choices=sorted(PROFILES), help="only this device class")
+    show.add_argument("--kernels", default=None, metavar="GLOB", help="only kernels whose uri matches (default: all)")
+    show.add_argument("--device", default=None, choices=DEVICE_CHOICES[1:], metavar="CLASS",
+                      help=f"only this device class ({', '.join(DEVICE_CHOICES[1:])}; default: all)")
     show.set_defaults(func=_cmd_show)
     exp = dsub.add_parser("export", help="the database as JSON (to share results between machines)")
     _storage(exp)
     exp.add_argument("--out", default="-", metavar="FILE", help="output file (default: stdout)")
     exp.add_argument("--winners-only", action="store_true", help="leave out trials that did not win")
     exp.add_argument("--kernels", default=None, metavar="GLOB",
-                     help="only kernels whose uri matches, their trials and winners")
+                     help="only kernels whose uri matches, their trials and winners (default: all)")
     exp.set_defaults(func=_cmd_export)
     imp = dsub.add_parser("import", help="merge a JSON export into the database (the faster winner stays)")
     imp.add_argument("file", help="a file written by `attngen db export`")
@@ -86,11 +94,14 @@ def add_commands(subparsers) -> None:
     cmp_.add_argument("--seeds", type=int, default=20, help="replay seeds (default 20)")
     cmp_.add_argument("--out", default="-", metavar="FILE", help="JSON output (default: stdout)")
     cmp_.set_defaults(func=_cmd_compare)
+    for action in dsub._choices_actions:  # each sub-command's help is its description too
+        dsub.choices[action.dest].description = action.help
 
 
 def _storage(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default=None, metavar="URL",
-                   help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else tuning_db/attngen.sqlite)")
+                   help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else the user's "
+                        "database; `db show`: the user's over the shipped one)")
 
 
 def _buckets(text: str):
@@ -130,7 +141,7 @@ def _fail(cmd: str, exc: BaseException) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from attngen.tuning import tuner
-    from attngen.tuning.targets import TuneError, TuneOptions
+    from attngen.tuning.targets import NoDevice, TuneError, TuneOptions
 
     opts = TuneOptions(
         device=args.device, specs=args.specs, shapes=args.shapes, trials=args.trials,
@@ -145,19 +156,35 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _fail("tune", "--compile-workers must be >= 0")
     try:
         return tuner.tune(opts)
+    except NoDevice as exc:  # the machine lacks what tuning needs
+        print(f"attngen tune: {exc}", file=sys.stderr)
+        return 1
     except (TuneError, schema.TuningDBError) as exc:
         return _fail("tune", exc)
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    """The winners of --storage, or of every database the runtime reads (env.tuning_db_layers):
+    each row says which one it comes from, and a shipped winner under a user winner of the same
+    kernel, device class and bucket is marked as overlaid."""
+    from attngen import env
     from attngen.db import store as dbs
 
+    layers = [("--storage", args.storage)] if args.storage else env.tuning_db_layers()
+    rows, wheres = [], []
     try:
-        with dbs.Store(_url(args), "read") as st, st.session() as s:
-            rows = dbs.where_winners(s, args.kernels, args.device)
-            where = st.where
+        for origin, location in layers:
+            url = schema.to_url(location)
+            path = schema.sqlite_path(url)
+            if path is not None and not path.exists() and origin == "user":
+                continue  # nobody tuned on this machine yet
+            with dbs.Store(url, "read") as st, st.session() as s:
+                rows += [(origin, r) for r in
+                         dbs.where_winners(s, args.kernels, args.device and canonical(args.device))]
+                wheres.append(f"{st.where} ({origin})")
     except schema.TuningDBError as exc:
         return _fail("db show", exc)
+    where = " over ".join(wheres)
     if not rows:
         print(f"no tuned winners in {where}" + (" matching the filters" if args.kernels or args.device else ""))
         return 0
@@ -167,20 +194,27 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from attngen.tuning.progress import config_text
     from attngen.db.winners import MIN_GAIN
 
-    current = {r.uri: _current_kernel_hash(r.spec) for r in rows}
+    current = {r.uri: _current_kernel_hash(r.spec) for _, r in rows}
+    first: dict[tuple, str] = {}
+    for origin, r in rows:
+        first.setdefault((r.uri, r.device_class, r.bucket), origin)
     table = Table(title=f"{len(rows)} winners in {where}", title_justify="left",
                   caption=f"*: under {MIN_GAIN:.0%} over the default, which then serves the bucket; "
                           f"stale: tuned on another version of the kernel (its generated module's "
-                          f"hash now differs), ignored by the runtime; re-tune")
+                          f"hash now differs), ignored by the runtime; re-tune; overlaid: a winner of "
+                          f"the user's database serves this bucket instead")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
-                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left")):
+                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left"),
+                      ("from", "left")):
         table.add_column(col, justify=just, no_wrap=col != "config")
-    for r in rows:
+    for origin, r in rows:
+        overlaid = first[(r.uri, r.device_class, r.bucket)] != origin
         table.add_row(r.uri, r.device_class, r.bucket, config_text(r.config, r.family),
                       f"{r.tflops:.1f}" if r.tflops else "-",
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
                       (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
-                      r.template_hash + ("" if r.template_hash == current[r.uri] else " stale"))
+                      r.template_hash + ("" if r.template_hash == current[r.uri] else " stale"),
+                      origin + (" (overlaid)" if overlaid else ""))
     Console(width=max(160, Console().width), soft_wrap=False).print(table)
     return 0
 

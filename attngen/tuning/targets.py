@@ -20,7 +20,7 @@ from attngen import configs as space
 from attngen import env
 from attngen.buckets import ShapeBucket, bucket_of
 from attngen.db import schema
-from attngen.devices import PROFILES
+from attngen.devices import PROFILES, canonical
 from attngen.families import FAMILIES, family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
 from attngen.tuning.sampling import valid_space
@@ -32,6 +32,10 @@ SAMPLERS = ("tpe", "grid")
 
 class TuneError(RuntimeError):
     """A problem found before or while tuning; one line for the user (exit code 2)."""
+
+
+class NoDevice(TuneError):
+    """The machine lacks what tuning needs: no CUDA GPU, or a GPU in no device class (exit code 1)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -69,7 +73,7 @@ class Target:
 @dataclass
 class TuneOptions:
     device: str
-    specs: list[str] = field(default_factory=list)  # files or folders; default: the repo's specs/
+    specs: list[str] = field(default_factory=list)  # files or folders; default: env.specs_dir()
     shapes: list[ShapeBucket] | None = None
     trials: int = 20
     timeout: float | None = None
@@ -112,9 +116,9 @@ def plan(opts: TuneOptions) -> list[Target]:
     from attngen.codegen.naming import kernel_hash
     from attngen.codegen.render import render  # jinja2: the tuner may import it
 
-    profile = PROFILES[opts.device]
+    profile = PROFILES[canonical(opts.device)]
     try:
-        files = [f for t in (opts.specs or [env.REPO_ROOT / "specs"]) for f in spec_files(t)]
+        files = [f for t in (opts.specs or [env.specs_dir()]) for f in spec_files(t)]
         loaded = [load_spec(f) for f in files]
     except SpecError as exc:
         raise TuneError(str(exc).splitlines()[0] + (" (and more)" if len(exc.problems) > 1 else "")) from None

@@ -35,12 +35,13 @@ import time
 from attngen import env
 from attngen.db import schema
 from attngen.db import store as dbs
+from attngen import devices
 from attngen.devices import DeviceInfo, check_profile
 from attngen.tuning import workers
 from attngen.tuning.progress import Progress, RichProgress, TargetReport, summary
 from attngen.tuning.sampling import make_sampler
 from attngen.tuning.study import Study, make_storage, open_study, unmeasured
-from attngen.tuning.targets import SAMPLERS, Target, TuneError, TuneOptions, load_ref, plan
+from attngen.tuning.targets import SAMPLERS, NoDevice, Target, TuneError, TuneOptions, load_ref, plan
 
 
 class Tuner:
@@ -58,7 +59,7 @@ class Tuner:
         self._studies_left = 1  # of the kernel being tuned, this one included (its compiles are shared)
 
     # -- checks before any work --
-    def device_info(self) -> DeviceInfo:
+    def _probe(self) -> DeviceInfo:
         if self.probe is not None:
             info = self.probe(self.opts.gpu)
         else:
@@ -66,7 +67,25 @@ class Tuner:
 
             info = probe_cuda(self.opts.gpu)
         if info is None:
-            raise TuneError("attngen tune needs a CUDA GPU, and none is visible")
+            raise NoDevice("attngen tune needs a CUDA GPU, and none is visible")
+        return info
+
+    def resolve_device(self) -> None:
+        """opts.device becomes a class name: `auto` the class of the GPU tuning runs on, an alias
+        (sm90, sm80) its class (h100, a100)."""
+        try:
+            name = devices.canonical(self.opts.device)
+        except ValueError as exc:
+            raise TuneError(str(exc)) from None
+        if name == devices.AUTO:
+            info = self._probe()
+            name = devices.class_of_capability(*info.capability)
+            if name is None:
+                raise NoDevice(f"GPU {info.index}: {devices.no_class_message(info.gpu_name, info.capability)}")
+        self.opts.device = name
+
+    def device_info(self) -> DeviceInfo:
+        info = self._probe()
         why = check_profile(info, self.opts.device)
         if why:
             raise TuneError(why)
@@ -209,6 +228,7 @@ def tune(opts: TuneOptions, timer=None, probe=None) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    Tuner(opts, timer, probe).resolve_device()
     if opts.workers > 1 and opts.worker is None:
         if (timer is not None and opts.timer_ref is None) or (probe is not None and opts.probe_ref is None):
             raise TuneError("--workers starts new processes: pass the timer and probe as --timer / "

@@ -1,6 +1,6 @@
-"""Print an `attngen bench` JSON next to a peer-anchor JSON (e.g. /work/shared/anchors/
-h200_masks_2026-11-30.json): the same peers measured in two runs show how far runs drift, and
-attngen's numbers sit beside both.
+"""Print an `attngen bench` JSON next to an earlier run's (e.g. the committed
+benchmarks/results/h200_bench_both_docs_2026-12-01.json): the same peers measured in two runs show
+how far runs drift, and attngen's numbers sit beside both.
 
     python3 benchmarks/tools/compare.py RESULTS.json ANCHORS.json
 """

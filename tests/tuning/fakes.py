@@ -24,6 +24,14 @@ def a100(index: int = 0) -> DeviceInfo:
     return DeviceInfo("NVIDIA A100 (fake)", (8, 0), "570.00", "12.8", "2.11.0", "3.6.0", index)
 
 
+def l40s(index: int = 0) -> DeviceInfo:
+    return DeviceInfo("NVIDIA L40S (fake)", (8, 9), "570.00", "12.8", "2.11.0", "3.6.0", index)
+
+
+def b200(index: int = 0) -> DeviceInfo:
+    return DeviceInfo("NVIDIA B200 (fake)", (10, 0), "570.00", "12.8", "2.11.0", "3.6.0", index)
+
+
 def fake_ms(config: dict) -> float:
     """1.0 ms at BEST_FWD, more the further a config is from it; backward configs: by their
     dK/dV part. Deterministic."""

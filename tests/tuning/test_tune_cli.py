@@ -159,11 +159,50 @@ def test_gpu_outside_the_profile_stops_before_any_work(tmp_path, capsys):
     argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:a100"
     assert cli(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("attngen tune: GPU 0 is NVIDIA A100 (fake) (sm80, profile a100); --device h100 needs sm90")
+    assert err.startswith("attngen tune: GPU 0 is NVIDIA A100 (fake) (sm80, class a100); --device h100 needs sm90")
     assert not db.exists()
     argv = [a for a in tune_argv(db) if a not in ("--probe", f"{FAKES}:h200")]
-    assert cli(argv) == 2
+    assert cli(argv) == 1  # the machine lacks what tuning needs
     assert "needs a CUDA GPU" in capsys.readouterr().err and not db.exists()
+
+
+@pytest.mark.parametrize("device", ["auto", "sm90"])
+def test_auto_and_the_architecture_name_tune_the_gpus_class(tmp_path, small_space, device, capsys):
+    """`--device auto` (the default) and `--device sm90` store winners under the class the shipped
+    database and the runtime use for an H200: h100."""
+    db = tmp_path / "t.sqlite"
+    argv = tune_argv(db, trials=2)
+    if device == "auto":
+        del argv[argv.index("--device"):argv.index("--device") + 2]
+    else:
+        argv[argv.index("h100")] = device
+    assert cli(argv) == 0, capsys.readouterr().err
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (w,) = dbs.where_winners(s)
+    assert (w.device_class, w.gpu_name) == ("h100", "NVIDIA H200 (fake)")
+
+
+def test_auto_on_an_ada_gpu_tunes_the_sm80_kernels_under_sm89(tmp_path, capsys):
+    db = tmp_path / "t.sqlite"
+    argv = tune_argv(db, trials=2)
+    del argv[argv.index("--device"):argv.index("--device") + 2]
+    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:l40s"
+    argv[argv.index(URI)] = URI.replace("_sm90", "_sm80")
+    assert cli(argv) == 0, capsys.readouterr().err
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (w,) = dbs.where_winners(s)
+    assert (w.uri, w.device_class) == (URI.replace("_sm90", "_sm80"), "sm89")
+
+
+def test_a_gpu_in_no_class_is_exit_1_and_says_what_runs_there(tmp_path, capsys):
+    db = tmp_path / "t.sqlite"
+    argv = tune_argv(db, "--device", "auto")
+    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:b200"
+    assert cli(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("attngen tune: GPU 0: NVIDIA B200 (fake) (sm100) is in no device class"), err
+    assert "sm89 (L4, L40S, RTX 40)" in err and "the sm80 kernels there with their default configs" in err
+    assert not db.exists()
 
 
 def test_nothing_to_tune_and_bad_buckets_are_clear(tmp_path, capsys):

@@ -1,0 +1,56 @@
+"""Device classes (attngen.devices): every GPU architecture maps to one class and one kernel target,
+the names `attngen tune --device` takes resolve to the classes the shipped database uses, and the
+runtime maps a GPU through the same table."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import torch
+
+from attngen import devices
+from attngen.env import REPO_ROOT
+from attngen.runtime import dispatch
+
+
+@pytest.mark.parametrize("capability, name, target", [
+    ((8, 0), "a100", "sm80"), ((8, 6), "sm86", "sm80"), ((8, 9), "sm89", "sm80"), ((9, 0), "h100", "sm90"),
+])
+def test_each_architecture_has_its_class_and_target(capability, name, target):
+    assert devices.class_of_capability(*capability) == name
+    assert devices.PROFILES[name].target == devices.target_of_capability(*capability) == target
+
+
+def test_architecture_names_are_aliases_of_the_stored_class_names():
+    assert devices.canonical("sm90") == "h100" and devices.canonical("sm80") == "a100"
+    assert devices.canonical("sm89") == "sm89" and devices.canonical("auto") == "auto"
+    with pytest.raises(ValueError, match="unknown device class 'sm75'"):
+        devices.canonical("sm75")
+
+
+def test_the_shipped_database_uses_class_names():
+    con = sqlite3.connect(f"file:{REPO_ROOT / 'tuning_db' / 'attngen.sqlite'}?mode=ro", uri=True)
+    try:
+        stored = {r[0] for r in con.execute("SELECT DISTINCT device_class FROM attngen_winners")}
+    finally:
+        con.close()
+    assert stored and stored <= set(devices.PROFILES), stored
+
+
+def test_gpus_outside_every_class():
+    assert devices.class_of_capability(10, 0) is None
+    assert devices.target_of_capability(10, 0) == "sm80"  # runs the sm80 kernels, default configs
+    with pytest.raises(ValueError, match="sm80"):
+        devices.target_of_capability(7, 5)
+    assert "in no device class" in devices.describe("sm100")
+
+
+@pytest.mark.parametrize("capability, name", [((8, 9), "sm89"), ((8, 6), "sm86"), ((9, 0), "h100"),
+                                              ((12, 0), "sm120")])
+def test_the_runtime_maps_a_gpu_through_the_same_table(monkeypatch, capability, name):
+    """dispatch.device_class of a CUDA device, with the capability query answered for a GPU this
+    machine does not have."""
+    monkeypatch.setattr(dispatch, "_capability", lambda index: capability)
+    assert dispatch.device_class(torch.device("cuda", 0), interpret=False) == name
+    assert dispatch.device_class(torch.device("cuda", 0), interpret=True) == devices.CPU_CLASS
