@@ -88,3 +88,34 @@ def test_db_import_adds_to_what_ships_and_db_show_says_where_each_winner_is(inst
             if line.startswith("│ attn_")}
     assert rows == {("q1024_k1024_bh32", "user"), ("q1024_k1024_bh32", "shipped (overlaid)"),
                     ("q8192_k8192_bh32", "shipped")}, out
+
+
+def test_explain_names_the_class_and_the_database_a_tuned_config_came_from(installed, monkeypatch):
+    """On the CPU, with the device answered as an H200's (class h100, target sm90): the call's
+    config is the user's winner, and explain() says so."""
+    import torch
+
+    import attngen
+    from attngen.buckets import bucket_of
+    from attngen.runtime import api, dispatch, loader
+    from attngen.spec import KernelSpec
+
+    user, _ = installed
+    spec = KernelSpec("fwd", "fp16", "sm90", 128, 128, 4, "causal")
+    tuned = FwdConfig(32, 32, 4, 1)
+    user.parent.mkdir(parents=True)
+    write(user, [(spec.uri, loader.load(spec).KERNEL_HASH, "fwd", "h100", bucket_of(40, 40, 4).key,
+                  dataclasses.asdict(tuned))])
+    monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
+    monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
+    api.clear_plans()
+    try:
+        q = torch.zeros(1, 4, 40, 128, dtype=torch.float16)
+        k = torch.zeros(1, 1, 40, 128, dtype=torch.float16)
+        info = attngen.explain(q, k, k, causal=True)
+    finally:
+        api.clear_plans()
+    assert (info["kernel"], info["config_source"], info["device_class"]) == (spec.uri, "tuned", "h100")
+    assert info["device"].startswith("h100 (sm90: H100, H200")
+    assert info["tuned_in"] == f"user: {user}"
+    assert info["config"]["block_m"] == 32
