@@ -35,8 +35,9 @@ def tune_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="stop after S seconds (the trial in flight finishes; default: no limit)")
     t.add_argument("--storage", default=None, metavar="URL",
-                   help="database path or SQLAlchemy URL (default: $ATTNGEN_DB, else "
-                        "tuning_db/attngen.sqlite); Optuna's studies go there too")
+                   help="database path or SQLAlchemy URL; Optuna's studies go there too (default: "
+                        "$ATTNGEN_DB, else $ATTNGEN_TUNING_DB, else a checkout's "
+                        "tuning_db/attngen.sqlite or an installed attngen's user database)")
     t.add_argument("--resume", action="store_true", help="continue studies that already ran")
     t.add_argument("--workers", type=int, default=1, metavar="N",
                    help="N tuning processes on one storage, one per GPU (sharing GPUs when fewer)")
