@@ -7,10 +7,10 @@ No jinja2, optuna or SQLAlchemy: the runtime plans calls through these modules."
 from __future__ import annotations
 
 from attngen import spec as _spec
-from attngen.families import bwd, decode, fwd
+from attngen.families import bwd, decode, fwd, fwd_fp8
 from attngen.families.base import Family
 
-FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode)}
+FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode, fwd_fp8)}
 assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"
 
 

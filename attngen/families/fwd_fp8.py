@@ -1,0 +1,426 @@
+"""The fp8 forward family (`fwd_fp8`, templates/attn_fwd_fp8.py.jinja): attention with e4m3
+operands on sm90, inference only. Its launch config, validity filter, search space, defaults,
+the values its template needs (rotation blocks, tiles), its launches (quantization prologue and
+attention), the random signs of the rotation, its tuning hooks and its Family record.
+
+A call quantizes Q, K and V in blocks of SCALE_BLOCK rows per head (one fp32 descale per block),
+Q and K after the same random orthogonal rotation M = diag(s) H / sqrt(w) per diagonal block of
+the head dim (incoherent processing: (QM)(KM)^T = QK^T, and an outlier feature is spread over all
+features before quantization), V transposed (keys contiguous) for the P.V product. Head dims that
+are not a power of two (after rounding up to 16) use a block-diagonal Hadamard: its blocks are the
+binary decomposition (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64), so the rotation mixes only real
+columns and zero padding up to the next multiple of 16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+
+from attngen.families.base import SMEM_LIMIT, Family, _pow2, next_pow2, require_valid
+from attngen.kernels.common import MaskArgs
+from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
+from attngen.spec import KernelSpec
+
+SCALE_BLOCK = 128  # rows per quantization block (Q, K and V): a tile's BLOCK_M / BLOCK_N divide it
+ROTATION_SEED = 0  # the default seed of the random signs
+E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def qk_width(spec: KernelSpec) -> int:
+    """Head dim of the fp8 Q and K: head_dim_qk rounded up to 16 (rows 16-byte aligned)."""
+    return -(-spec.head_dim_qk // 16) * 16
+
+
+def rotation_blocks(width: int) -> tuple[tuple[int, int], ...]:
+    """(offset, width) of the block-diagonal Hadamard over `width` columns (a multiple of 16): its
+    binary decomposition, largest block first."""
+    out, off = [], 0
+    for b in range(width.bit_length() - 1, -1, -1):
+        if width & (1 << b):
+            out.append((off, 1 << b))
+            off += 1 << b
+    return tuple(out)
+
+
+def _tile(width: int, used: int) -> dict:
+    return {"sfx": "", "off": 0, "width": width, "used": used}
+
+
+def context(spec: KernelSpec) -> dict:
+    """What templates/attn_fwd_fp8.py.jinja reads beyond the common context."""
+    w = qk_width(spec)
+    blocks = rotation_blocks(w)
+    return {
+        "qk_width": w,
+        "rot_blocks": blocks,
+        "quant_qk_blocks": [(off, bw, spec.head_dim_qk) for off, bw in blocks],
+        "quant_v_blocks": [(0, max(16, next_pow2(spec.head_dim_v)), spec.head_dim_v)],
+        # an fp8 dot steps 32 along its contraction: tiles at least 32 wide
+        "fp8_qk_tiles": [_tile(max(32, next_pow2(w)), w)],
+        "fp8_v_tiles": [_tile(max(32, next_pow2(spec.head_dim_v)), spec.head_dim_v)],
+        "scale_block": SCALE_BLOCK,
+    }
+
+
+def smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """Shared memory of the pipelined K / V tiles (1-byte elements) and the Q tile."""
+    ctx = context(spec)
+    dq, dv = ctx["fp8_qk_tiles"][0]["width"], ctx["fp8_v_tiles"][0]["width"]
+    return cfg.num_stages * cfg.block_n * (dq + dv) + cfg.block_m * dq
+
+
+def check_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
+    """None if `cfg` can launch `spec`'s fp8 kernels, else the reason (the tuner records it)."""
+    if spec.family != "fwd_fp8":
+        return f"an fp8 config cannot launch a {spec.family} kernel"
+    for name in ("block_m", "block_n"):
+        v = getattr(cfg, name)
+        if not _pow2(v) or not 16 <= v <= SCALE_BLOCK:
+            return f"{name} must be a power of two from 16 to {SCALE_BLOCK} (a tile reads one descale)"
+    if cfg.num_warps not in (2, 4, 8):
+        return "num_warps must be 2, 4 or 8"
+    if not 1 <= cfg.num_stages <= 6:
+        return "num_stages must be 1 to 6"
+    need = smem_bytes(spec, cfg)
+    if need > SMEM_LIMIT[spec.target]:
+        return f"needs ~{need} B of shared memory (limit {SMEM_LIMIT[spec.target]})"
+    return None
+
+
+SPACE: dict[str, tuple] = {
+    "block_m": (64, 128),
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+}
+
+
+def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
+    if device_kind == "cpu":
+        return Fp8Config(32, 32, 4, 1)
+    if qk_width(spec) > 128 or spec.head_dim_v > 128:
+        return Fp8Config(64, 64, 4, 2)
+    return Fp8Config(128, 64, 8, 3)
+
+
+def variants(spec: KernelSpec) -> dict[str, bool]:
+    return {}
+
+
+@functools.lru_cache(maxsize=64)
+def _signs_cpu(width: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2, (width,), generator=g) * 2 - 1).float()
+
+
+_SIGNS: dict = {}
+
+
+def signs(width: int, seed: int, device):
+    """The rotation's random signs (width,) fp32 +-1 for `seed`, one copy per device."""
+    key = (width, seed, str(device))
+    t = _SIGNS.get(key)
+    if t is None:
+        t = _SIGNS[key] = _signs_cpu(width, seed).to(device)
+    return t
+
+
+def buffers(spec: KernelSpec, q, k, v, packed: bool, max_q: int = 0, max_k: int = 0, cu_q=None):
+    """Shapes of a call's fp8 tensors and descales: {name: (shape, 'fp8' | 'fp32')}. Dense q
+    (B, Hq, Sq, D) views; packed q (Tq, Hq, D). V^T's keys are padded to a multiple of 16."""
+    w = qk_width(spec)
+    if packed:
+        docs = cu_q.numel() - 1
+        tq, hq = q.shape[0], q.shape[1]
+        tk, hkv = k.shape[0], k.shape[1]
+        nq, nk = -(-max(max_q, 1) // SCALE_BLOCK), -(-max(max_k, 1) // SCALE_BLOCK)
+        return {"Q8": ((tq, hq, w), "fp8"), "K8": ((tk, hkv, w), "fp8"),
+                "Vt": ((hkv, v.shape[2], -(-tk // 16) * 16), "fp8"),
+                "QScale": ((docs, hq, nq), "fp32"), "KScale": ((docs, hkv, nk), "fp32"),
+                "VScale": ((docs, hkv, nk), "fp32")}
+    B, hq, sq, _ = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    nq, nk = -(-sq // SCALE_BLOCK), -(-sk // SCALE_BLOCK)
+    return {"Q8": ((B, hq, sq, w), "fp8"), "K8": ((B, hkv, sk, w), "fp8"),
+            "Vt": ((B, hkv, v.shape[3], -(-sk // 16) * 16), "fp8"),
+            "QScale": ((B, hq, max(nq, 1)), "fp32"), "KScale": ((B, hkv, max(nk, 1)), "fp32"),
+            "VScale": ((B, hkv, max(nk, 1)), "fp32")}
+
+
+def _vt_strides(vt, packed: bool) -> dict:
+    """V^T (B, H, Dv, S_pad) or packed (H, Dv, T_pad): keys contiguous."""
+    if packed:
+        return {"stride_vz": 0, "stride_vh": vt.stride(0), "stride_vk": vt.stride(1)}
+    return {"stride_vz": vt.stride(0), "stride_vh": vt.stride(1), "stride_vk": vt.stride(2)}
+
+
+def _scale_strides(prefix: str, s) -> dict:
+    return {f"stride_{prefix}sz": s.stride(0), f"stride_{prefix}sh": s.stride(1), f"stride_{prefix}sb": s.stride(2)}
+
+
+def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, cu_q=None, cu_k=None,
+                   max_q: int = 0, max_k: int = 0) -> list[Launch]:
+    """The prologue: Q and K rotated and quantized, V quantized and transposed, into `bufs`
+    (buffers()' names -> tensors); sgn: the rotation's signs (qk_width,)."""
+    packed = cu_q is not None
+    out = []
+    for x, name, cu, max_s in ((q, "q", cu_q, max_q), (k, "k", cu_k, max_k), (v, "v", cu_k, max_k)):
+        tgt = bufs["Vt" if name == "v" else name.upper() + "8"]
+        scale = bufs[name.upper() + "Scale"]
+        if packed:
+            zh, seqlen, store_len = (cu.numel() - 1) * x.shape[1], 0, 0
+            rows = max_s if x.shape[0] else 0
+            xs = (0, x.stride(1), x.stride(0), x.stride(2))
+            ys = ((0, tgt.stride(0), 1, tgt.stride(1)) if name == "v"
+                  else (0, tgt.stride(1), tgt.stride(0), tgt.stride(2)))
+        else:
+            zh, seqlen = x.shape[0] * x.shape[1], x.shape[2]
+            rows = store_len = tgt.shape[3] if name == "v" else seqlen
+            xs = x.stride()
+            ys = ((tgt.stride(0), tgt.stride(1), 1, tgt.stride(2)) if name == "v" else tgt.stride())
+        blocks = -(-rows // SCALE_BLOCK)
+        values = {
+            "X": x, "X8": tgt, "Scale": scale, "Signs": sgn, "cu_seqlens": cu,
+            "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
+            "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
+            "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
+            "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
+            "BLOCK": SCALE_BLOCK,
+        }
+        entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
+        out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, 4, 1))
+    return out
+
+
+def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
+                 cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
+    """The attention launch over fp8 tensors. Dense: q8 (B, Hq, Sq, W), k8 (B, Hkv, Sk, W), vt
+    (B, Hkv, Dv, S_pad), out (B, Hq, Sq, Dv) any strides, lse (B, Hq, Sq). Packed: q8 (Tq, Hq, W),
+    k8 (Tk, Hkv, W), vt (Hkv, Dv, T_pad), out (Tq, Hq, Dv), lse (Hq, Tq). Descales qs (B or docs,
+    Hq, blocks), ks / vs (B or docs, Hkv, blocks), the same strides for ks and vs (a 0 block stride:
+    one per head)."""
+    require_valid(spec, cfg, check_fp8)
+    if ks.stride() != vs.stride():
+        raise ValueError(f"k and v descales need the same strides, got {ks.stride()} and {vs.stride()}")
+    packed = cu_seqlens_q is not None
+    if packed:
+        hq = q8.shape[1]
+        bh, seqlen_q, seqlen_k = (cu_seqlens_q.numel() - 1) * hq, 0, 0
+        rows = max_seqlen_q if q8.shape[0] else 0
+    else:
+        B, hq, seqlen_q, _ = q8.shape
+        seqlen_k = k8.shape[2]
+        bh, rows = B * hq, seqlen_q
+    blocks = -(-rows // cfg.block_m)
+    qk_scale, softcap_in, softcap_out = mask.score_args()
+    values = {
+        "Q": q8, "K": k8, "Vt": vt, "Out": out, "Lse": lse, "QScale": qs, "KScale": ks, "VScale": vs,
+        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+        **strides4("q", q8, packed), **strides4("k", k8, packed), **_vt_strides(vt, packed),
+        **strides4("o", out, packed), **lse_strides(lse, packed),
+        **_scale_strides("q", qs), **_scale_strides("k", ks),
+        "num_q_heads": hq, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "num_m_blocks": blocks,
+        "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
+        "diag_offset": 0 if packed else mask.diag_offset(seqlen_q, seqlen_k),
+        "window_left": mask.window_left, "window_right": mask.window_right,
+        "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q8, k8, vt, out, lse),
+        "GQA": spec.gqa_ratio, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+    }
+    grid = programs(blocks, bh, "q") if rows and bh else 0
+    return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the same computation in PyTorch: the reference the flash-attn rule compares with (error of the
+# kernel <= factor x error of this, both against float64 on the unquantized inputs)
+
+
+def hadamard(n: int, dtype=None):
+    """The Walsh-Hadamard matrix of order n (a power of two), entries +-1 (Sylvester's order)."""
+    import torch
+
+    h = torch.ones(1, 1, dtype=dtype or torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def rotation_matrix(head_dim: int, seed: int = ROTATION_SEED):
+    """M (head_dim x qk_width, float64): x (.., head_dim) -> x M is what the prologue computes
+    before quantizing (zero padding to qk_width, then diag(s) H / sqrt(w) per block)."""
+    import torch
+
+    w = -(-head_dim // 16) * 16
+    m = torch.zeros(w, w, dtype=torch.float64)
+    for off, bw in rotation_blocks(w):
+        m[off:off + bw, off:off + bw] = hadamard(bw) / bw ** 0.5
+    return (_signs_cpu(w, seed).double()[:, None] * m)[:head_dim]
+
+
+def quantize_ref(x, block: int = SCALE_BLOCK):
+    """(e4m3 values as float64, descales) of x (.., S, D) per block of `block` rows: x8 =
+    e4m3(x / d), d = amax / 448 (1 for an all-zero block), round to nearest even."""
+    import torch
+
+    *lead, S, D = x.shape
+    nb = -(-S // block)
+    xp = torch.nn.functional.pad(x.double(), (0, 0, 0, nb * block - S)).reshape(*lead, nb, block, D)
+    amax = xp.abs().amax(dim=(-1, -2), keepdim=True).float()
+    d = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q8 = (xp.float() / d).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q8.double().reshape(*lead, nb * block, D)[..., :S, :], d.reshape(*lead, nb)
+
+
+def dequantize_ref(x8, d, block: int = SCALE_BLOCK):
+    return x8 * d.double().repeat_interleave(block, dim=-1)[..., :x8.shape[-2], None]
+
+
+def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=False, window_size=(-1, -1),
+            softcap=0.0, scale=None, top_left=False):
+    """fp8 attention as the kernels compute it, in PyTorch on (B, H, S, D) tensors: Q and K rotated
+    (rotate=True) and block-quantized, V block-quantized, scores and softmax in fp32, P (times 2^8)
+    rounded to e4m3, P.V in fp32. Returns (out in q's dtype, lse fp32)."""
+    import torch
+
+    from attngen.problem import keep_mask
+
+    dtype, D = q.dtype, q.shape[-1]
+    if rotate:
+        m = rotation_matrix(D, seed)
+        q, k = q.double() @ m, k.double() @ m
+    qd = dequantize_ref(*quantize_ref(q)).float()
+    kd = dequantize_ref(*quantize_ref(k)).float()
+    vd = dequantize_ref(*quantize_ref(v)).float()
+    g = qd.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
+    scale = scale if scale is not None else 1.0 / D ** 0.5
+    s = (qd @ kd.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    keep = keep_mask(q.shape[2], k.shape[2], causal, window_size, top_left, device=q.device)
+    s = s.masked_fill(~keep, float("-inf"))
+    mx = s.amax(-1, keepdim=True)
+    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    p = torch.exp(s - mx)
+    l = p.sum(-1, keepdim=True)
+    p8 = (p * 256).to(torch.float8_e4m3fn).float() / 256
+    out = (p8 @ vd) / torch.where(l == 0, torch.ones_like(l), l)
+    lse = torch.where(l[..., 0] == 0, torch.full_like(l[..., 0], float("-inf")), (mx + l.log())[..., 0])
+    return out.to(dtype), lse
+
+
+# ------------------------------------------------------------------------------------------------
+# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
+
+
+class TuningHooks:
+    """bf16 / fp16 inputs (the forward family's), quantized by the prologue inside the timed
+    launch (its time counts); the reference: float64 attention of the unquantized inputs, the
+    PyTorch emulation (emulate) for the error budget; throughput in TFLOP/s."""
+
+    factor = 2.0
+    outputs = ("out", "lse")
+    unit = "TFLOP/s"
+
+    def throughput(self, obj, ms: float) -> float:
+        return obj.problem.flops() * obj.family.flop_factor / ms / 1e9
+
+    def inputs(self, obj, seed: int) -> dict:
+        from attngen.families.fwd import TuningHooks as FwdHooks
+
+        t = FwdHooks().inputs(obj, seed)
+        s = obj.spec
+        cu = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
+        mx = (obj.problem.seqlen_q, obj.problem.seqlen_k)
+        t["bufs"] = alloc(buffers(s, t["q"], t["k"], t["v"], s.varlen, *mx, cu_q=cu[0]), obj.device)
+        t["signs"] = signs(qk_width(s), ROTATION_SEED, obj.device)
+        return t
+
+    def launch(self, obj, cfg, t: dict) -> None:
+        s, p = obj.spec, obj.problem
+        cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
+        b = t["bufs"]
+        for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
+                                 p.seqlen_k):
+            la.run()
+        for la in fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
+                               t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q):
+            la.run()
+
+    def reference(self, obj, t: dict) -> dict:
+        """Per (batch or document): float64 attention and the emulation."""
+        import torch
+
+        from attngen.problem import attention_ref
+
+        p, s = obj.problem, obj.spec
+        kw = dict(causal=p.causal, window_size=p.window, softcap=p.softcap, scale=p.softmax_scale)
+        outs = {"out64": [], "lse64": [], "out_pt": [], "lse_pt": []}
+        for b in range(p.batch):
+            if s.varlen:
+                q, k, v = (t[n][r].transpose(0, 1)[None] for n, r in
+                           (("q", slice(b * p.seqlen_q, (b + 1) * p.seqlen_q)),
+                            ("k", slice(b * p.seqlen_k, (b + 1) * p.seqlen_k)),
+                            ("v", slice(b * p.seqlen_k, (b + 1) * p.seqlen_k))))
+            else:
+                q, k, v = (t[n][b:b + 1] for n in ("q", "k", "v"))
+            o64, l64 = attention_ref(q, k, v, **kw)
+            opt, lpt = emulate(q, k, v, **kw)
+            for n, x in (("out64", o64), ("lse64", l64), ("out_pt", opt), ("lse_pt", lpt)):
+                outs[n].append(x)
+        if s.varlen:  # (1, H, S, D) per document -> (T, H, D); lse (1, H, S) -> (H, T)
+            return {n: (torch.cat([x[0].transpose(0, 1) for x in xs]) if n.startswith("out")
+                        else torch.cat([x[0] for x in xs], dim=1)) for n, xs in outs.items()}
+        return {n: torch.cat(xs) for n, xs in outs.items()}
+
+    def check(self, obj, name: str, t: dict, ref: dict) -> None:
+        check_outputs(name, t["out"], t["lse"], ref, self.factor)
+
+
+def check_outputs(name: str, out, lse, ref: dict, factor: float = 2.0) -> None:
+    """The flash-attn rule against the emulation, for the output and for the finite LSE values
+    (-inf exactly where the reference has it)."""
+    import torch
+
+    from attngen.testing import assert_flash_rule
+
+    assert_flash_rule(f"{name} out", out, ref["out64"], ref["out_pt"], factor, 1e-4)
+    ninf = torch.isneginf(ref["lse64"].to(lse.device))
+    if not torch.equal(ninf, torch.isneginf(lse)):
+        raise AssertionError(f"{name} lse: -inf at {int(torch.isneginf(lse).sum())} places, reference at "
+                             f"{int(ninf.sum())}")
+    fin = ~ninf
+    assert_flash_rule(f"{name} lse", lse[fin], ref["lse64"].to(lse.device)[fin], ref["lse_pt"].to(lse.device)[fin],
+                      factor, 1e-3)
+
+
+def alloc(shapes: dict, device) -> dict:
+    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`."""
+    import torch
+
+    kinds = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32}
+    return {n: torch.empty(shape, dtype=kinds[kind], device=device) for n, (shape, kind) in shapes.items()}
+
+
+FAMILY = Family(
+    "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
+    lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
+    ("_attn_fwd_fp8", "_fp8_quant_qk", "_fp8_quant_v"), "attngen.families.fwd_fp8:fp8_launches", 1.0,
+    ("out", "lse"), space=SPACE, portable=lambda cfg, spec: cfg, variants=variants,
+    hooks="attngen.families.fwd_fp8:TuningHooks", context=context)
