@@ -24,6 +24,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
 from attngen.spec import KernelSpec
 
+PROLOGUE = ("_fp8_quant_qk", "_fp8_quant_v")  # quant_launches' entry points (the Family lists fp8_launches')
 SCALE_BLOCK = 128  # rows per quantization block (Q, K and V): a tile's BLOCK_M / BLOCK_N divide it
 ROTATION_SEED = 0  # the default seed of the random signs
 E4M3_MAX = 448.0
@@ -421,6 +422,6 @@ def alloc(shapes: dict, device) -> dict:
 FAMILY = Family(
     "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
     lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
-    ("_attn_fwd_fp8", "_fp8_quant_qk", "_fp8_quant_v"), "attngen.families.fwd_fp8:fp8_launches", 1.0,
+    ("_attn_fwd_fp8",), "attngen.families.fwd_fp8:fp8_launches", 1.0,
     ("out", "lse"), space=SPACE, portable=lambda cfg, spec: cfg, variants=variants,
     hooks="attngen.families.fwd_fp8:TuningHooks", context=context)

@@ -68,6 +68,10 @@ def explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--softcap", type=float, default=0.0)
     p.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd")
     p.add_argument("--device", default="cuda", help="cuda (default; needs a GPU) or cpu (Triton's interpreter)")
+    p.add_argument("--precision", choices=("default", "fp8"), default="default",
+                   help="fp8: the fp8 family (attention(..., precision='fp8'))")
+    p.add_argument("--no-rotate", dest="rotate", action="store_false",
+                   help="with --precision fp8: no Hadamard rotation of Q and K")
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -90,7 +94,8 @@ def run_explain(args: argparse.Namespace) -> int:
         q = torch.empty(dims[0], dtype=dt, device=args.device)
         k = torch.empty(dims[1], dtype=dt, device=args.device)
         info = explain(q, k, k, causal=args.causal, window_size=tuple(args.window),
-                       softcap=args.softcap, layout=args.layout)
+                       softcap=args.softcap, layout=args.layout,
+                       precision=None if args.precision == "default" else args.precision, rotate=args.rotate)
     except (ValueError, RuntimeError) as exc:
         print(f"attngen explain: {exc}", file=sys.stderr)
         return 2

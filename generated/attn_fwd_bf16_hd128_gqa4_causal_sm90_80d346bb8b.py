@@ -2,7 +2,7 @@
 # uri:      attn_fwd_bf16_hd128_gqa4_causal_sm90
 # family:   fwd
 # template: templates/attn_fwd.py.jinja (sha256 d1187154ae117cf6)
-# spec:     specs/llama.yaml#llama3_8b (sha256 e3a34a1fe44f2bc5)
+# spec:     specs/llama.yaml#llama3_8b (sha256 4dfc6760beb21188)
 # kernel:   dict(family='fwd', dtype='bf16', target='sm90', head_dim_qk=128, head_dim_v=128, gqa_ratio=4, mask='causal', softcap=False, varlen=False)
 # hash:     878da6b34df72071 (of this module without its stamp; tuned configs are keyed by it)
 import triton

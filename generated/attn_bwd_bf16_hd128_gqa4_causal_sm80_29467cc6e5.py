@@ -2,7 +2,7 @@
 # uri:      attn_bwd_bf16_hd128_gqa4_causal_sm80
 # family:   bwd
 # template: templates/attn_bwd.py.jinja (sha256 88547135667de574)
-# spec:     specs/llama.yaml#llama3_8b (sha256 e3a34a1fe44f2bc5)
+# spec:     specs/llama.yaml#llama3_8b (sha256 4dfc6760beb21188)
 # kernel:   dict(family='bwd', dtype='bf16', target='sm80', head_dim_qk=128, head_dim_v=128, gqa_ratio=4, mask='causal', softcap=False, varlen=False)
 # hash:     32051b2885a62340 (of this module without its stamp; tuned configs are keyed by it)
 import triton

@@ -2,7 +2,7 @@
 # uri:      attn_bwd_fp16_hd128_gqa4_causal_sm90
 # family:   bwd
 # template: templates/attn_bwd.py.jinja (sha256 88547135667de574)
-# spec:     specs/llama.yaml#llama3_8b (sha256 e3a34a1fe44f2bc5)
+# spec:     specs/llama.yaml#llama3_8b (sha256 4dfc6760beb21188)
 # kernel:   dict(family='bwd', dtype='fp16', target='sm90', head_dim_qk=128, head_dim_v=128, gqa_ratio=4, mask='causal', softcap=False, varlen=False)
 # hash:     b2a5d46ce3faec5e (of this module without its stamp; tuned configs are keyed by it)
 import triton
