@@ -3,7 +3,8 @@ accuracy report (`--accuracy`: RMSE against float64 on outlier inputs).
 
 Every row measures, in one process on the same bf16 tensors: attngen's fp8 forward with the
 rotation (`attngen-fp8`: attention(..., precision="fp8"), the quantization prologue's time
-included), without it (`attngen-fp8-norot`), the fp8 kernel alone on tensors quantized beforehand
+included), the same with the dots' partial sums promoted to fp32 every 32 products
+(`attngen-fp8-precise`: the config's precise_acc forced on), without the rotation (`attngen-fp8-norot`), the fp8 kernel alone on tensors quantized beforehand
 (`attngen-fp8-kernel`: attention_fp8), attngen's bf16 forward (`attngen`), cuDNN's bf16 SDPA
 (`cudnn`) and cuDNN's fp8 SDPA through the nvidia-cudnn-frontend package (`cudnn-fp8`: e4m3 Q, K,
 V with per-tensor descales quantized beforehand, output e4m3; "skip" when the package is not
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
-PROVIDERS = ("attngen-fp8", "attngen-fp8-norot", "attngen-fp8-kernel", "attngen", "cudnn", "cudnn-fp8")
+PROVIDERS = ("attngen-fp8", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel", "attngen", "cudnn",
+             "cudnn-fp8")
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,23 @@ def _cudnn_fp8(q8, k8, v8, causal: bool, scale: float):
     return run
 
 
+def _precise_call(q, k, v, causal: bool):
+    """attention(..., precision="fp8") with the config the runtime picks for the call, precise_acc on."""
+    import dataclasses
+
+    import attngen
+    from attngen.families.fwd_fp8 import Fp8Config
+    from attngen.runtime import dispatch
+
+    info = attngen.explain(q, k, v, causal=causal, precision="fp8")
+    cfg = dataclasses.replace(Fp8Config(**info["config"]), precise_acc=True)
+
+    def run():
+        with dispatch.forced_config(fwd_fp8=cfg):
+            return attngen.attention(q, k, v, causal=causal, precision="fp8")
+    return run
+
+
 def _per_tensor_e4m3(x):
     """(e4m3 tensor, fp32 descale) with one descale per tensor."""
     d = x.float().abs().amax() / 448.0
@@ -101,6 +120,7 @@ def _providers(case: Fp8Case, device, seed: int = 0):
     scale = 1.0 / math.sqrt(case.head_dim)
     out = {
         "attngen-fp8": lambda: attngen.attention(q, k, v, causal=case.causal, precision="fp8"),
+        "attngen-fp8-precise": _precise_call(q, k, v, case.causal),
         "attngen-fp8-norot": lambda: attngen.attention(q, k, v, causal=case.causal, precision="fp8", rotate=False),
         "attngen": lambda: attngen.attention(q, k, v, causal=case.causal),
     }
@@ -180,8 +200,9 @@ def outlier_inputs(shape, seed: int, device):
 
 
 def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), device="cuda") -> list[dict]:
-    """{case, hd, causal, variant, rmse} for bf16, fp8 with rotation, fp8 without, and fp8 with one
-    descale per tensor and no rotation (the baseline, cuDNN's fp8 quantization)."""
+    """{case, hd, causal, variant, rmse} for bf16, fp8 with rotation (and with its partial sums
+    promoted to fp32 every 32 products), fp8 without rotation, and fp8 with one descale per tensor
+    and no rotation (the baseline, cuDNN's fp8 quantization)."""
     import attngen
     from attngen.problem import attention_ref
 
@@ -195,6 +216,7 @@ def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), devic
             with torch.no_grad():
                 outs = {"bf16": attngen.attention(q, k, v, causal=causal),
                         "fp8-rotate": attngen.attention(q, k, v, causal=causal, precision="fp8"),
+                        "fp8-rotate-precise-acc": _precise_call(q, k, v, causal)(),
                         "fp8-norotate": attngen.attention(q, k, v, causal=causal, precision="fp8", rotate=False),
                         "fp8-per-tensor": attngen.attention_fp8(q8, k8, v8, *per_tensor, causal=causal)}
             case = f"outliers-S{seqlen}-H{heads}"

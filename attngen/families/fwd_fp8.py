@@ -36,6 +36,10 @@ class Fp8Config:
     block_n: int
     num_warps: int
     num_stages: int
+    # the fp8 dots' partial sums promoted to fp32 after every 32 products (max_num_imprecise_acc=32)
+    # instead of summed at the tensor cores' reduced precision over the whole dot (Triton's sm90
+    # default); either way the sum over key blocks is fp32
+    precise_acc: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -92,6 +96,8 @@ def check_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
         v = getattr(cfg, name)
         if not _pow2(v) or not 16 <= v <= SCALE_BLOCK:
             return f"{name} must be a power of two from 16 to {SCALE_BLOCK} (a tile reads one descale)"
+    if cfg.precise_acc and cfg.block_n < 32:
+        return "precise_acc promotes every 32 products: block_n must be at least 32"
     if cfg.num_warps not in (2, 4, 8):
         return "num_warps must be 2, 4 or 8"
     if not 1 <= cfg.num_stages <= 6:
@@ -107,6 +113,7 @@ SPACE: dict[str, tuple] = {
     "block_n": (32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "precise_acc": (False, True),
 }
 
 
@@ -242,6 +249,8 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
         "window_left": mask.window_left, "window_right": mask.window_right,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q8, k8, vt, out, lse),
         "GQA": spec.gqa_ratio, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+        "IMPRECISE_QK": 32 if cfg.precise_acc else context(spec)["fp8_qk_tiles"][0]["width"],
+        "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n,
     }
     grid = programs(blocks, bh, "q") if rows and bh else 0
     return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]

@@ -59,12 +59,16 @@ def test_gpu_fp8_against_float64(case, gpu_records):
                         "emulation_err": (ref["out_pt"].double() - ref["out64"]).abs().max().item()})
 
 
-SPACE = [f8.Fp8Config(*c) for c in itertools.product(*f8.SPACE.values())]
+# every tile / warp pair at 3 stages, every stage count and precise_acc on a few: each knob value once
+SPACE = ([f8.Fp8Config(m, n, w, 3) for m, n, w in itertools.product(f8.SPACE["block_m"], f8.SPACE["block_n"],
+                                                                      f8.SPACE["num_warps"])]
+         + [f8.Fp8Config(128, 64, 8, s) for s in f8.SPACE["num_stages"] if s != 3]
+         + [f8.Fp8Config(128, 64, 8, 3, True), f8.Fp8Config(64, 128, 4, 2, True)])
 
 
-@pytest.mark.parametrize("hd, causal", [(128, True), (64, False), (256, False)])
+@pytest.mark.parametrize("hd, causal", [(128, True), (256, False)])
 def test_gpu_fp8_every_config(hd, causal):
-    """Every config of the search space that the validity filter passes, forced."""
+    """Configs of the search space (each knob's every value) that the validity filter passes, forced."""
     spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd, 2, "causal" if causal else "none")
     q, k, v = random_inputs((1, 4, 1023, hd), (1, 2, 777, hd), (1, 2, 777, hd), dtype=torch.bfloat16, device=DEV,
                             seed=3)

@@ -143,8 +143,9 @@ def test_fp8_kernel_against_float64(case):
     f8.check_outputs(_cid(case), out, lse, refs(q, k, v, causal, window, softcap))
 
 
-@pytest.mark.parametrize("cfg", [f8.Fp8Config(16, 16, 2, 1), f8.Fp8Config(64, 32, 4, 2), f8.Fp8Config(128, 128, 8, 1)],
-                         ids=lambda c: f"m{c.block_m}_n{c.block_n}")
+@pytest.mark.parametrize("cfg", [f8.Fp8Config(16, 16, 2, 1), f8.Fp8Config(64, 32, 4, 2), f8.Fp8Config(128, 128, 8, 1),
+                                 f8.Fp8Config(32, 64, 4, 1, precise_acc=True)],
+                         ids=lambda c: f"m{c.block_m}_n{c.block_n}" + ("_precise" if c.precise_acc else ""))
 def test_fp8_kernel_tiles(cfg):
     """Every tile size the search space and the defaults use (a tile reads one descale per block)."""
     spec = _spec(64, 64, 2, "causal")
@@ -305,6 +306,7 @@ def test_fp8_forced_config_and_filter():
     assert f8.check_fp8(spec, f8.Fp8Config(256, 64, 4, 2)) is not None  # a tile spans two descales
     assert "shared memory" in f8.check_fp8(_spec(256, 256, 1, "none"), f8.Fp8Config(128, 128, 8, 6))
     assert f8.check_fp8(spec, f8.default_fp8_config(spec)) is None
+    assert "block_n must be at least 32" in f8.check_fp8(spec, f8.Fp8Config(64, 16, 4, 2, precise_acc=True))
     q, k, v = random_inputs((1, 2, 80, 128), (1, 2, 80, 128), (1, 2, 80, 128), dtype=torch.bfloat16, seed=8)
     with dispatch.forced_config(fwd_fp8=f8.Fp8Config(16, 64, 2, 1)):
         info = attngen.explain(q, k, v, precision="fp8")
