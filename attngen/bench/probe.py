@@ -121,6 +121,8 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
            "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
     rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
+    # the operand types of each wgmma ("f32.bf16.bf16", "f32.e4m3.e4m3", ...)
+    rep["wgmma_types"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.(\S+?)\s", ptx)))
     # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
     # inside a warp group)
     rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})

@@ -441,7 +441,7 @@ FAMILY = Family(
     "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
     lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
     ("_attn_fwd_fp8", "_fp8_quant_qk", "_fp8_quant_v", "_attn_fwd_fp8_ws"), "attngen.families.fwd_fp8:fp8_launches", 1.0,
-    ("out", "lse"), space=SPACE, portable=lambda cfg, spec: cfg, variants=variants,
+    ("out", "lse"), space=SPACE, portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
     hooks="attngen.families.fwd_fp8:TuningHooks", context=context)
 
 
@@ -457,6 +457,17 @@ def ws_fp8(spec: KernelSpec) -> bool:
     head_dim_v in WS_FP8_HEAD_DIMS (packed documents and softcapping keep the Triton kernel)."""
     return (spec.family == "fwd_fp8" and spec.target == "sm90" and not spec.softcap and not spec.varlen
             and qk_width(spec) in WS_FP8_HEAD_DIMS and spec.head_dim_v in WS_FP8_HEAD_DIMS)
+
+
+# the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
+# 3-deep ring (hd256: 64-key blocks, 2 deep)
+WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 3, consumers=2)
+WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 2, consumers=2)
+
+
+def ws_fp8_default(spec: KernelSpec) -> Fp8Config:
+    """The Gluon kernel's config for `spec` (a ws_fp8 spec)."""
+    return WS_FP8_DEFAULT if max(qk_width(spec), spec.head_dim_v) <= 128 else WS_FP8_DEFAULT_WIDE
 
 
 def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
@@ -502,13 +513,15 @@ def triton_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
     return Fp8Config(128, 64, 8, 3)
 
 
-def ws_fp8_maxnreg(cfg: Fp8Config) -> int:
+def ws_fp8_maxnreg(spec: KernelSpec, cfg: Fp8Config) -> int:
     """The Gluon kernel's launch register cap: three warp groups (two consumers take
-    WS_CONSUMER_REGS each back from the producer) or, with one consumer, 128 so that two programs
-    share an SM."""
+    WS_CONSUMER_REGS each back from the producer) or, with one consumer up to hd128, 128 so that
+    two programs share an SM (hd256's 64 x 256 accumulator needs more: WS_MAXNREG)."""
     from attngen.families.fwd import WS_MAXNREG_ONE
 
-    return WS_MAXNREG if cfg.consumers == 2 else WS_MAXNREG_ONE
+    if cfg.consumers == 1 and max(qk_width(spec), spec.head_dim_v) <= 128:
+        return WS_MAXNREG_ONE
+    return WS_MAXNREG
 
 
 def _fp8_gluon_layout(block: tuple, dtype):
@@ -555,4 +568,10 @@ def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: di
     values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers}
     return [Launch.of(mod, "_attn_fwd_fp8_ws", programs(blocks, B * hq, "q"), values, cfg.num_warps, 1, descs,
-                      maxnreg=ws_fp8_maxnreg(cfg))]
+                      maxnreg=ws_fp8_maxnreg(spec, cfg))]
+
+
+def portable_fp8(cfg: Fp8Config, spec: KernelSpec) -> Fp8Config:
+    """The config the Triton kernel runs for `cfg` (a plan's downgrade): a Gluon config names the
+    Triton kernel's default."""
+    return ws_fallback(spec, cfg) if cfg.consumers else cfg
