@@ -321,7 +321,7 @@ def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=F
 
     dtype, D = q.dtype, q.shape[-1]
     if rotate:
-        m = rotation_matrix(D, seed)
+        m = rotation_matrix(D, seed).to(q.device)
         q, k = q.double() @ m, k.double() @ m
     qd = dequantize_ref(*quantize_ref(q)).float()
     kd = dequantize_ref(*quantize_ref(k)).float()
