@@ -113,15 +113,15 @@ SPACE: dict[str, tuple] = {
     "block_n": (32, 64, 128),
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
+    "consumers": (0, 1, 2),  # the Gluon kernel (check_ws_fp8 keeps its 64-row warp groups)
 }
 
 
 def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
-    if device_kind == "cpu":
-        return Fp8Config(32, 32, 4, 1)
-    if qk_width(spec) > 128 or spec.head_dim_v > 128:
-        return Fp8Config(64, 64, 4, 2)
-    return Fp8Config(128, 64, 8, 3)
+    """The Gluon kernel where it exists and won (ws_fp8_preferred), else the Triton kernel's."""
+    if device_kind != "cpu" and ws_fp8_preferred(spec):
+        return ws_fp8_default(spec)
+    return triton_fp8_config(spec, device_kind)
 
 
 def variants(spec: KernelSpec) -> dict[str, bool]:
@@ -460,9 +460,18 @@ def ws_fp8(spec: KernelSpec) -> bool:
 
 
 # the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
-# 3-deep ring (hd256: 64-key blocks, 2 deep)
+# 3-deep ring (hd256: 64-key blocks). H200, B1 H16 S16384 non-causal, attention kernel alone,
+# TFLOP/s: hd128 670 (2 stages 665, 64-key blocks 537, one consumer 649; the Triton kernel's
+# default 501), causal 660 (2 stages 676; Triton 503); hd256 858 (2 stages 834; Triton 367); hd64
+# 371-376 vs the Triton kernel's 394, so hd64 keeps the Triton kernel by default
 WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 3, consumers=2)
-WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 2, consumers=2)
+WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 3, consumers=2)
+
+
+def ws_fp8_preferred(spec: KernelSpec) -> bool:
+    """The default config is the Gluon kernel's: ws_fp8 specs past hd64 (at hd64 the Triton kernel
+    was faster)."""
+    return ws_fp8(spec) and max(qk_width(spec), spec.head_dim_v) > 64
 
 
 def ws_fp8_default(spec: KernelSpec) -> Fp8Config:

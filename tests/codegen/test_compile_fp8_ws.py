@@ -56,3 +56,48 @@ def test_fp8_gluon_forward_exists_where_ws_fp8_says():
         src = render(s)
         assert ("_attn_fwd_fp8_ws" in src) is want and ("gluon" in src) is want, s
         assert (check_fp8(s, WS_FP8_DEFAULT_WIDE) is None) is want, (s, check_fp8(s, WS_FP8_DEFAULT_WIDE))
+
+
+def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
+    """fp8_launches with a Gluon config: the Gluon launch (descriptors over Q8, K8, V^T and O,
+    the launch register cap) where a GPU may run it (here: gluon=True, as the compile probe says);
+    the Triton kernel with its own default config on the CPU and for an output whose rows the copy
+    engine cannot address."""
+    import math
+
+    import torch
+
+    from attngen.families import fwd_fp8 as F
+    from attngen.families.base import WS_MAXNREG
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 2, "causal")
+    mod = loader.load(spec)
+    B, hkv, S, D = 1, 2, 300, 128
+    q, k, v = torch.empty(B, 2 * hkv, S, D), torch.empty(B, hkv, S, D), torch.empty(B, hkv, S, D)
+    bufs = F.alloc(F.buffers(spec, q, k, v, False), "cpu")
+    _, wl, wr = mask_kind(True, (-1, -1))
+    margs = MaskArgs(1 / math.sqrt(D), 0.0, wl, wr, False)
+    cfg = F.default_fp8_config(spec)
+    assert cfg == F.WS_FP8_DEFAULT and cfg.consumers == 2
+
+    def launch(out, gluon):
+        lse = torch.empty(B, 2 * hkv, S)
+        (la,) = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
+                               bufs["VScale"], out, lse, margs, cfg, gluon=gluon)
+        return la
+
+    out = torch.empty(B, 2 * hkv, S, D, dtype=torch.bfloat16)
+    ws = launch(out, True)
+    assert ws.fn.__name__ == "_attn_fwd_fp8_ws" and ws.maxnreg == WS_MAXNREG and ws.num_warps == 4
+    assert ws.grid == math.ceil(S / 128) * B * 2 * hkv
+    assert sorted(ws.descriptors) == ["desc_k", "desc_o", "desc_q", "desc_v"]
+    assert ws.descriptors["desc_v"][0] == "Vt" and ws.descriptors["desc_v"][3] == [1, 1, D, 128]
+    assert ws.values["KV_STAGES"] == cfg.num_stages and ws.values["CONSUMERS"] == 2
+    cpu = launch(out, None)  # a CPU tensor: Triton's interpreter runs no Gluon
+    assert cpu.fn.__name__ == "_attn_fwd_fp8" and cpu.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m
+    odd = torch.empty(B, 2 * hkv, S, D + 1, dtype=torch.bfloat16)[..., :D]  # rows of 258 bytes
+    slow = launch(odd, True)  # (the fallback config follows the tensors' device: the CPU's here)
+    assert slow.fn.__name__ == "_attn_fwd_fp8" and slow.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m
