@@ -256,7 +256,9 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
     if cfg.consumers:
         ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon)
         if ws is not None:
-            return ws
+            grid, ws_values, descs = ws
+            return [Launch.of(mod, "_attn_fwd_fp8_ws", grid, ws_values, cfg.num_warps, 1, descs,
+                              maxnreg=ws_fp8_maxnreg(spec, cfg))]
         cfg = ws_fallback(spec, cfg, "cpu" if q8.device.type == "cpu" else "cuda")
         require_valid(spec, cfg, check_fp8)
         blocks = -(-rows // cfg.block_m)
@@ -440,8 +442,9 @@ def alloc(shapes: dict, device) -> dict:
 FAMILY = Family(
     "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
     lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
-    ("_attn_fwd_fp8", "_fp8_quant_qk", "_fp8_quant_v", "_attn_fwd_fp8_ws"), "attngen.families.fwd_fp8:fp8_launches", 1.0,
-    ("out", "lse"), space=SPACE, portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
+    ("_attn_fwd_fp8", "_fp8_quant_qk", "_fp8_quant_v", "_attn_fwd_fp8_ws"),
+    "attngen.families.fwd_fp8:fp8_launches", 1.0, ("out", "lse"), space=SPACE,
+    portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
     hooks="attngen.families.fwd_fp8:TuningHooks", context=context)
 
 
@@ -557,9 +560,9 @@ def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out) -> dict | None:
 
 
 def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: dict, cfg: Fp8Config,
-                  packed: bool, gluon: bool | None) -> list[Launch] | None:
-    """The Gluon kernel's launch of a call (`values`: the Triton kernel's, by name), or None when it
-    cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
+                  packed: bool, gluon: bool | None) -> tuple[int, dict, dict] | None:
+    """The Gluon kernel's (grid, values, descriptors) for a call (`values`: the Triton kernel's, by
+    name; fp8_launches makes the launch), or None when it cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
     address, an empty call) and the Triton kernel serves."""
     use = (not packed and has_entry(mod, "_attn_fwd_fp8_ws")
            and (q8.device.type == "cuda" if gluon is None else gluon))
@@ -576,8 +579,7 @@ def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: di
 
     values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers}
-    return [Launch.of(mod, "_attn_fwd_fp8_ws", programs(blocks, B * hq, "q"), values, cfg.num_warps, 1, descs,
-                      maxnreg=ws_fp8_maxnreg(spec, cfg))]
+    return programs(blocks, B * hq, "q"), values, descs
 
 
 def portable_fp8(cfg: Fp8Config, spec: KernelSpec) -> Fp8Config:
