@@ -19,9 +19,9 @@ import functools
 from dataclasses import dataclass
 from types import ModuleType
 
-from attngen.families.base import SMEM_LIMIT, Family, _pow2, next_pow2, require_valid
+from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, next_pow2, require_valid
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import Launch, lse_strides, needs_int64, programs, strides4
+from attngen.kernels.launch import Launch, has_entry, lse_strides, needs_int64, programs, strides4, tma_descriptors
 from attngen.spec import KernelSpec
 
 PROLOGUE = ("_fp8_quant_qk", "_fp8_quant_v")  # quant_launches' entry points (the Family lists fp8_launches')
@@ -40,6 +40,10 @@ class Fp8Config:
     # instead of summed at the tensor cores' reduced precision over the whole dot (Triton's sm90
     # default); either way the sum over key blocks is fp32
     precise_acc: bool = False
+    # the warp-specialized Gluon kernel _attn_fwd_fp8_ws (ws_fp8 specs, dense calls on a GPU): 1 or
+    # 2 consumer warp groups of 64 query rows (block_m = 64 x consumers, num_warps = 4), a ring of
+    # num_stages K / V^T buffers filled by one producer warp (check_ws_fp8). 0: the Triton kernel
+    consumers: int = 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -78,6 +82,7 @@ def context(spec: KernelSpec) -> dict:
         "fp8_qk_tiles": [_tile(max(32, next_pow2(w)), w)],
         "fp8_v_tiles": [_tile(max(32, next_pow2(spec.head_dim_v)), spec.head_dim_v)],
         "scale_block": SCALE_BLOCK,
+        "ws_fp8": ws_fp8(spec),
     }
 
 
@@ -102,6 +107,8 @@ def check_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
         return "num_warps must be 2, 4 or 8"
     if not 1 <= cfg.num_stages <= 6:
         return "num_stages must be 1 to 6"
+    if cfg.consumers:
+        return check_ws_fp8(spec, cfg)
     need = smem_bytes(spec, cfg)
     if need > SMEM_LIMIT[spec.target]:
         return f"needs ~{need} B of shared memory (limit {SMEM_LIMIT[spec.target]})"
@@ -114,19 +121,20 @@ SPACE: dict[str, tuple] = {
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4),
     "precise_acc": (False, True),
+    "consumers": (0, 1, 2),  # the Gluon kernel (check_ws_fp8 keeps its 64-row warp groups)
 }
 
 
 def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
-    if device_kind == "cpu":
-        return Fp8Config(32, 32, 4, 1)
-    if qk_width(spec) > 128 or spec.head_dim_v > 128:
-        return Fp8Config(64, 64, 4, 2)
-    return Fp8Config(128, 64, 8, 3)
+    """The Gluon kernel where it exists and won (ws_fp8_preferred), else the Triton kernel's."""
+    if device_kind != "cpu" and ws_fp8_preferred(spec):
+        return ws_fp8_default(spec)
+    return triton_fp8_config(spec, device_kind)
 
 
 def variants(spec: KernelSpec) -> dict[str, bool]:
-    return {}
+    """The optional kernels of `spec`'s module: the warp-specialized Gluon kernel."""
+    return {"ws": ws_fp8(spec)}
 
 
 @functools.lru_cache(maxsize=64)
@@ -217,12 +225,15 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, 
 
 
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
-                 cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0) -> list[Launch]:
+                 cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
+                 gluon: bool | None = None) -> list[Launch]:
     """The attention launch over fp8 tensors. Dense: q8 (B, Hq, Sq, W), k8 (B, Hkv, Sk, W), vt
     (B, Hkv, Dv, S_pad), out (B, Hq, Sq, Dv) any strides, lse (B, Hq, Sq). Packed: q8 (Tq, Hq, W),
     k8 (Tk, Hkv, W), vt (Hkv, Dv, T_pad), out (Tq, Hq, Dv), lse (Hq, Tq). Descales qs (B or docs,
     Hq, blocks), ks / vs (B or docs, Hkv, blocks), the same strides for ks and vs (a 0 block stride:
-    one per head)."""
+    one per head). gluon: whether the Gluon kernel may serve (cfg.consumers > 0; None: on a GPU
+    only, Triton's interpreter does not run Gluon; the compile probe says True); a call it cannot
+    take runs the Triton kernel's config ws_fallback(cfg)."""
     require_valid(spec, cfg, check_fp8)
     if ks.stride() != vs.stride():
         raise ValueError(f"k and v descales need the same strides, got {ks.stride()} and {vs.stride()}")
@@ -252,6 +263,16 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
         "IMPRECISE_QK": 32 if cfg.precise_acc else context(spec)["fp8_qk_tiles"][0]["width"],
         "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n,
     }
+    if cfg.consumers:
+        ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon)
+        if ws is not None:
+            grid, ws_values, descs = ws
+            return [Launch.of(mod, "_attn_fwd_fp8_ws", grid, ws_values, cfg.num_warps, 1, descs,
+                              maxnreg=ws_fp8_maxnreg(spec, cfg))]
+        cfg = ws_fallback(spec, cfg, "cpu" if q8.device.type == "cpu" else "cuda")
+        require_valid(spec, cfg, check_fp8)
+        blocks = -(-rows // cfg.block_m)
+        values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0
     return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]
 
@@ -312,7 +333,7 @@ def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=F
 
     dtype, D = q.dtype, q.shape[-1]
     if rotate:
-        m = rotation_matrix(D, seed)
+        m = rotation_matrix(D, seed).to(q.device)
         q, k = q.double() @ m, k.double() @ m
     qd = dequantize_ref(*quantize_ref(q)).float()
     kd = dequantize_ref(*quantize_ref(k)).float()
@@ -431,6 +452,149 @@ def alloc(shapes: dict, device) -> dict:
 FAMILY = Family(
     "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
     lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
-    ("_attn_fwd_fp8",), "attngen.families.fwd_fp8:fp8_launches", 1.0,
-    ("out", "lse"), space=SPACE, portable=lambda cfg, spec: cfg, variants=variants,
+    ("_attn_fwd_fp8", "_attn_fwd_fp8_ws"),
+    "attngen.families.fwd_fp8:fp8_launches", 1.0, ("out", "lse"), space=SPACE,
+    portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
     hooks="attngen.families.fwd_fp8:TuningHooks", context=context)
+
+
+# ------------------------------------------------------------------------------------------------
+# the warp-specialized Gluon kernel (templates/_fp8_ws.py.jinja): which specs have it, its config
+# check, its shared memory, its launch
+
+WS_FP8_HEAD_DIMS = (64, 128, 256)  # qk_width and head_dim_v the Gluon kernel takes (one column tile)
+
+
+def ws_fp8(spec: KernelSpec) -> bool:
+    """The module gets `_attn_fwd_fp8_ws`: sm90, dense calls, no softcapping, qk_width and
+    head_dim_v in WS_FP8_HEAD_DIMS (packed documents and softcapping keep the Triton kernel)."""
+    return (spec.family == "fwd_fp8" and spec.target == "sm90" and not spec.softcap and not spec.varlen
+            and qk_width(spec) in WS_FP8_HEAD_DIMS and spec.head_dim_v in WS_FP8_HEAD_DIMS)
+
+
+# the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
+# 3-deep ring (hd256: 64-key blocks). H200, B1 H16 S16384 non-causal, attention kernel alone,
+# TFLOP/s: hd128 670 (2 stages 665, 64-key blocks 537, one consumer 649; the Triton kernel's
+# default 501), causal 660 (2 stages 676; Triton 503); hd256 858 (2 stages 834; Triton 367); hd64
+# 371-376 vs the Triton kernel's 394, so hd64 keeps the Triton kernel by default
+WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 3, consumers=2)
+WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 3, consumers=2)
+
+
+def ws_fp8_preferred(spec: KernelSpec) -> bool:
+    """The default config is the Gluon kernel's: ws_fp8 specs past hd64 (at hd64 the Triton kernel
+    was faster)."""
+    return ws_fp8(spec) and max(qk_width(spec), spec.head_dim_v) > 64
+
+
+def ws_fp8_default(spec: KernelSpec) -> Fp8Config:
+    """The Gluon kernel's config for `spec` (a ws_fp8 spec)."""
+    return WS_FP8_DEFAULT if max(qk_width(spec), spec.head_dim_v) <= 128 else WS_FP8_DEFAULT_WIDE
+
+
+def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """The Gluon kernel's shared memory: per consumer its Q8 rows (1 byte) and its O rows (2
+    bytes: O cannot reuse the fp8 Q buffer), per ring stage a K8 and a V^T block (barriers aside)."""
+    w, dv = qk_width(spec), spec.head_dim_v
+    return cfg.block_m * (w + 2 * dv) + cfg.num_stages * cfg.block_n * (w + dv)
+
+
+def check_ws_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
+    """The Gluon kernel's own constraints (cfg.consumers > 0)."""
+    if not ws_fp8(spec):
+        return ("consumers (the warp-specialized Gluon fp8 kernel) exists for sm90 dense calls without "
+                f"softcapping whose qk width and v head dim are {' or '.join(map(str, WS_FP8_HEAD_DIMS))}")
+    if cfg.consumers not in (1, 2):
+        return "consumers is 0 (the Triton kernel), 1 or 2 (consumer warp groups per program)"
+    if cfg.precise_acc:
+        return "consumers: the Gluon kernel's wgmma chains have no fp32 promotion (precise_acc is the Triton kernel's)"
+    if cfg.block_m != 64 * cfg.consumers or cfg.num_warps != 4:
+        return "consumers: each consumer is one warp group of 64 query rows (block_m = 64 x consumers, num_warps = 4)"
+    if cfg.block_n not in (64, 128):
+        return "consumers: block_n is 64 or 128"
+    if max(qk_width(spec), spec.head_dim_v) > 128 and cfg.block_n != 64:
+        return "consumers: hd256 takes block_n = 64 (a 64 x 256 fp32 accumulator leaves no registers for 128 keys)"
+    if not 2 <= cfg.num_stages <= 4:
+        return "consumers: num_stages (the K / V ring's depth) is 2 to 4"
+    need = ws_smem_bytes(spec, cfg)
+    if need > SMEM_LIMIT[spec.target]:
+        return f"consumers: needs ~{need} B of shared memory (limit {SMEM_LIMIT[spec.target]})"
+    return None
+
+
+def ws_fallback(spec: KernelSpec, cfg: Fp8Config, device_kind: str = "cuda") -> Fp8Config:
+    """The Triton kernel's config for a call the Gluon kernel cannot take (a CPU tensor, rows the
+    copy engine cannot address, packed documents): the Triton kernel's default."""
+    return triton_fp8_config(spec, device_kind)
+
+
+def triton_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
+    """The Triton kernel's default config."""
+    if device_kind == "cpu":
+        return Fp8Config(32, 32, 4, 1)
+    if qk_width(spec) > 128 or spec.head_dim_v > 128:
+        return Fp8Config(64, 64, 4, 2)
+    return Fp8Config(128, 64, 8, 3)
+
+
+def ws_fp8_maxnreg(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """The Gluon kernel's launch register cap: three warp groups (two consumers take
+    WS_CONSUMER_REGS each back from the producer) or, with one consumer up to hd128, 128 so that
+    two programs share an SM (hd256's 64 x 256 accumulator needs more: WS_MAXNREG)."""
+    from attngen.families.fwd import WS_MAXNREG_ONE
+
+    if cfg.consumers == 1 and max(qk_width(spec), spec.head_dim_v) <= 128:
+        return WS_MAXNREG_ONE
+    return WS_MAXNREG
+
+
+def _fp8_gluon_layout(block: tuple, dtype):
+    """The NVMMA shared-memory layout of a (block, torch dtype) tile: e4m3 or the output's dtype."""
+    import torch
+    from triton.experimental.gluon import language as gl
+
+    kinds = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    return gl.NVMMASharedLayout.get_default_for(list(block), kinds[dtype])
+
+
+def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out) -> dict | None:
+    """The Gluon kernel's descriptors (tensor name, shape, strides, block, shared layout), or None
+    when a tensor cannot go through the copy engine: Q8 and O in blocks of one consumer's rows, K8
+    in blocks of block_n keys, V^T in blocks of (Dv, block_n)."""
+    rows = cfg.block_m // cfg.consumers
+    views = {"desc_q": ("Q", q8), "desc_k": ("K", k8), "desc_v": ("Vt", vt), "desc_o": ("Out", out)}
+    blocks = {"desc_q": [1, 1, rows, q8.shape[3]], "desc_k": [1, 1, cfg.block_n, k8.shape[3]],
+              "desc_v": [1, 1, vt.shape[2], cfg.block_n], "desc_o": [1, 1, rows, out.shape[3]]}
+    descs = tma_descriptors(views, blocks)
+    if descs is None:
+        return None
+    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), views[n][1].dtype)) for n, d in descs.items()}
+
+
+def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: dict, cfg: Fp8Config,
+                  packed: bool, gluon: bool | None) -> tuple[int, dict, dict] | None:
+    """The Gluon kernel's (grid, values, descriptors) for a call (`values`: the Triton kernel's, by
+    name; fp8_launches makes the launch), or None when it cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
+    address, an empty call) and the Triton kernel serves."""
+    use = (not packed and has_entry(mod, "_attn_fwd_fp8_ws")
+           and (q8.device.type == "cuda" if gluon is None else gluon))
+    if not use:
+        return None
+    B, hq, seqlen_q, _ = q8.shape
+    if not (seqlen_q and B * hq):
+        return None
+    descs = ws_fp8_descriptors(cfg, q8, k8, vt, out)
+    if descs is None:
+        return None
+    blocks = -(-seqlen_q // cfg.block_m)
+    from attngen.families.fwd import WS_CONSUMER_REGS
+
+    values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers}
+    return programs(blocks, B * hq, "q"), values, descs
+
+
+def portable_fp8(cfg: Fp8Config, spec: KernelSpec) -> Fp8Config:
+    """The config the Triton kernel runs for `cfg` (a plan's downgrade): a Gluon config names the
+    Triton kernel's default."""
+    return ws_fallback(spec, cfg) if cfg.consumers else cfg
