@@ -50,9 +50,10 @@ CASES = [Fp8Case(s, c) for c in (False, True) for s in (512, 1024, 2048, 4096, 8
 CASES += [Fp8Case(s, c, 256) for c in (False, True) for s in (4096, 16384)]
 
 
-def _cudnn_fp8(q8, k8, v8, causal: bool, scale: float):
-    """cuDNN's fp8 SDPA (nvidia-cudnn-frontend) on (B, H, S, D) e4m3 tensors with unit descales:
-    a callable returning the e4m3 output."""
+def _cudnn_fp8(q8, k8, v8, descales, causal: bool, scale: float):
+    """cuDNN's fp8 SDPA (nvidia-cudnn-frontend) on (B, H, S, D) e4m3 tensors with per-tensor
+    descales (q, k, v), P scaled by 2^8 before its e4m3 rounding (as attngen's kernels do) and an
+    e4m3 output with scale 1: a callable returning the output."""
     import cudnn
 
     B, H, S, D = q8.shape
@@ -61,25 +62,28 @@ def _cudnn_fp8(q8, k8, v8, causal: bool, scale: float):
     tq = graph.tensor(name="q", dim=list(q8.shape), stride=list(q8.stride()), data_type=fp8)
     tk = graph.tensor(name="k", dim=list(k8.shape), stride=list(k8.stride()), data_type=fp8)
     tv = graph.tensor(name="v", dim=list(v8.shape), stride=list(v8.stride()), data_type=fp8)
-    one = torch.ones(1, 1, 1, 1, device=q8.device)
-    scalars = {n: graph.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32)
-               for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")}
+    dev = q8.device
+    values = {"descale_q": descales[0], "descale_k": descales[1], "descale_v": descales[2],
+              "descale_s": torch.tensor(1 / 256, device=dev), "scale_s": torch.tensor(256.0, device=dev),
+              "scale_o": torch.tensor(1.0, device=dev)}
+    values = {n: t.float().reshape(1, 1, 1, 1).contiguous() for n, t in values.items()}
+    scalars = {n: graph.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for n in values}
     res = graph.sdpa_fp8(q=tq, k=tk, v=tv, **scalars, attn_scale=scale, is_inference=True,
                          use_causal_mask=causal, name="sdpa_fp8")
     o, amaxes = res[0], [t for t in res[2:] if t is not None]
-    out = torch.empty(B, H, S, D, dtype=torch.float8_e4m3fn, device=q8.device)
+    out = torch.empty(B, H, S, D, dtype=torch.float8_e4m3fn, device=dev)
     o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(fp8)
     bufs = []
     for a in amaxes:
         a.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
-        bufs.append((a, torch.empty(1, 1, 1, 1, device=q8.device)))
+        bufs.append((a, torch.empty(1, 1, 1, 1, device=dev)))
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     graph.check_support()
     graph.build_plans()
-    ws = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q8.device)
-    pack = {tq: q8, tk: k8, tv: v8, o: out, **{t: one for t in scalars.values()}, **dict(bufs)}
+    ws = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=dev)
+    pack = {tq: q8, tk: k8, tv: v8, o: out, **{scalars[n]: t for n, t in values.items()}, **dict(bufs)}
 
     def run():
         graph.execute(pack, ws)
@@ -133,9 +137,7 @@ def _providers(case: Fp8Case, device, seed: int = 0):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
     out["cudnn"] = sdpa
     try:
-        fp8_run = _cudnn_fp8(q8, k8, v8, case.causal, scale)
-        # the output is e4m3 of the unit-descaled product: times v's descale it is the attention
-        out["cudnn-fp8"] = lambda: fp8_run().float() * vd
+        out["cudnn-fp8"] = _cudnn_fp8(q8, k8, v8, (qd, kd, vd), case.causal, scale)
     except ImportError:
         out["cudnn-fp8"] = None
     return out
@@ -202,7 +204,8 @@ def outlier_inputs(shape, seed: int, device):
 def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), device="cuda") -> list[dict]:
     """{case, hd, causal, variant, rmse} for bf16, fp8 with rotation (and with its partial sums
     promoted to fp32 every 32 products), fp8 without rotation, and fp8 with one descale per tensor
-    and no rotation (the baseline, cuDNN's fp8 quantization)."""
+    and no rotation (the baseline, cuDNN's fp8 quantization), and cuDNN's fp8 SDPA on those per-tensor
+    e4m3 inputs when nvidia-cudnn-frontend is installed."""
     import attngen
     from attngen.problem import attention_ref
 
@@ -219,6 +222,10 @@ def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), devic
                         "fp8-rotate-precise-acc": _precise_call(q, k, v, causal)(),
                         "fp8-norotate": attngen.attention(q, k, v, causal=causal, precision="fp8", rotate=False),
                         "fp8-per-tensor": attngen.attention_fp8(q8, k8, v8, *per_tensor, causal=causal)}
+            try:
+                outs["cudnn-fp8"] = _cudnn_fp8(q8, k8, v8, (qd, kd, vd), causal, 1.0 / math.sqrt(hd))().float()
+            except ImportError:
+                pass
             case = f"outliers-S{seqlen}-H{heads}"
             for variant, o in outs.items():
                 rmse = (o.double() - ref.double()).pow(2).mean().sqrt().item()
