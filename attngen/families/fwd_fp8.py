@@ -379,14 +379,15 @@ class TuningHooks:
         s = obj.spec
         cu = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
         mx = (obj.problem.seqlen_q, obj.problem.seqlen_k)
-        t["bufs"] = alloc(buffers(s, t["q"], t["k"], t["v"], s.varlen, *mx, cu_q=cu[0]), obj.device)
+        # the fp8 buffers (Q8, K8, Vt, the descales) beside the inputs: one flat dict of tensors
+        t.update(alloc(buffers(s, t["q"], t["k"], t["v"], s.varlen, *mx, cu_q=cu[0]), obj.device))
         t["signs"] = signs(qk_width(s), ROTATION_SEED, obj.device)
         return t
 
     def launch(self, obj, cfg, t: dict) -> None:
         s, p = obj.spec, obj.problem
         cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
-        b = t["bufs"]
+        b = t
         for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
                                  p.seqlen_k):
             la.run()
