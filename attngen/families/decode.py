@@ -95,7 +95,11 @@ def default_decode_config(spec: KernelSpec, device_kind: str = "cuda") -> Decode
         return DecodeConfig(32, 4, 1)
     if max(spec.head_dim_qk, spec.head_dim_v) > 128:
         return DecodeConfig(32, 4, 2)
-    return DecodeConfig(64, 4, 2)
+    # the best geometric mean of a config sweep on the H200 (hd128, GQA 32/8: B1 S32k and S128k, B8
+    # S32k contiguous and paged, B64 S4k; 128-key steps, 8 warps, 2 stages, two programs per SM):
+    # 2190 / 2754 / 3770 / 3081 / 4183 GB/s (lab sweep of this session; the committed bench is
+    # benchmarks/results/h200_bench_decode_2026-12-03.json)
+    return DecodeConfig(128, 8, 2)
 
 
 def variants(spec: KernelSpec) -> dict[str, bool]:

@@ -16,6 +16,7 @@ import torch
 
 from attngen.families import family
 from attngen.families import fwd_fp8 as f8
+from attngen.kernels.launch import make_descriptors
 from attngen.runtime import validate
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache
@@ -106,11 +107,13 @@ class Fp8Plan(Plan):
         calls.append({"Q": bufs["Q8"], "K": bufs["K8"], "Vt": bufs["Vt"], "Out": self.out_view(out), "Lse": lse,
                       "QScale": bufs["QScale"], "KScale": bufs["KScale"], "VScale": bufs["VScale"],
                       "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
-        for launch, tensors in zip(self.launches, calls):
+        for launch, descs, tensors in zip(self.launches, self.descriptors, calls):
+            if descs:  # the Gluon kernel: its descriptors around this call's tensors
+                tensors = {**tensors, **make_descriptors(descs, tensors)}
             launch(tensors, all(t.data_ptr() % 16 == 0 for t in tensors.values() if isinstance(t, torch.Tensor)))
         return out, lse
 
-    def bind_shadows(self) -> None:  # pointer kernels only: no portable twin is ever needed
+    def bind_shadows(self) -> None:  # no portable twin: the key carries the inputs' alignment
         raise NotImplementedError
 
 
@@ -157,7 +160,10 @@ def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0
     """(out, lse) of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
     quantized = q.dtype == E4M3
     out_dtype = out_dtype or (torch.bfloat16 if quantized else q.dtype)
-    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
+    # e4m3 inputs go to the kernel as they are: whether the copy engine can read them (16-byte
+    # aligned bases) decides the kernel, so it is part of the key
+    aligned = not quantized or (q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0)
+    key = (aligned, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
            None if cu_q is None else cu_q.shape, max_q, max_k, rotate, out_dtype,
            None if descales is None else tuple((d.shape, d.stride()) for d in descales))
     plan = _PLANS.get(key)

@@ -1,5 +1,5 @@
 """GPU: the fp8 family (fwd_fp8) against float64 with the flash-attn rule (error <= 2x that of the
-same computation in PyTorch, fwd_fp8.emulate): odd and long shapes, masks, softcap, GQA, head dims
+same computation in PyTorch, fwd_fp8_tuning.emulate): odd and long shapes, masks, softcap, GQA, head dims
 that are not a power of two, packed documents, every tile config of the search space forced, the
 pre-quantized entry point with FlashAttention-3's descales, torch.compile and a CUDA graph."""
 
@@ -12,6 +12,7 @@ import torch
 
 import attngen
 from attngen.families import fwd_fp8 as f8
+from attngen.families import fwd_fp8_tuning as f8t
 from attngen.problem import attention_ref, random_inputs
 from attngen.runtime import dispatch
 from attngen.spec import KernelSpec
@@ -40,7 +41,7 @@ def _cid(c):
 
 def _refs(q, k, v, **kw):
     o64, l64 = attention_ref(q, k, v, **kw)
-    oe, le = f8.emulate(q, k, v, **kw)
+    oe, le = f8t.emulate(q, k, v, **kw)
     return {"out64": o64, "lse64": l64, "out_pt": oe, "lse_pt": le}
 
 
@@ -53,7 +54,7 @@ def test_gpu_fp8_against_float64(case, gpu_records):
     with torch.no_grad():
         out, lse = attngen.attention(q, k, v, precision="fp8", return_lse=True, **kw)
     ref = _refs(q, k, v, **kw)
-    f8.check_outputs(_cid(case), out, lse, ref)
+    f8t.check_outputs(_cid(case), out, lse, ref)
     gpu_records.append({"test": "fp8", "case": _cid(case),
                         "err": (out.double() - ref["out64"]).abs().max().item(),
                         "emulation_err": (ref["out_pt"].double() - ref["out64"]).abs().max().item()})
@@ -79,7 +80,7 @@ def test_gpu_fp8_every_config(hd, causal):
             continue
         with dispatch.forced_config(fwd_fp8=cfg), torch.no_grad():
             out, lse = attngen.attention(q, k, v, causal=causal, precision="fp8", return_lse=True)
-        f8.check_outputs(f"{cfg}", out, lse, ref)
+        f8t.check_outputs(f"{cfg}", out, lse, ref)
         ran += 1
     assert ran >= 8
 
@@ -99,7 +100,7 @@ def test_gpu_fp8_packed_documents():
         a = slice(int(cu_q[i]), int(cu_q[i + 1]))
         b = slice(int(cu_k[i]), int(cu_k[i + 1]))
         qd, kd, vd = (x[r].transpose(0, 1)[None] for x, r in ((q, a), (k, b), (v, b)))
-        f8.check_outputs(f"doc {i}", out[a].transpose(0, 1)[None], lse[:, a][None], _refs(qd, kd, vd, causal=True))
+        f8t.check_outputs(f"doc {i}", out[a].transpose(0, 1)[None], lse[:, a][None], _refs(qd, kd, vd, causal=True))
 
 
 def test_gpu_attention_fp8_descales_compile_and_graph():
@@ -112,7 +113,7 @@ def test_gpu_attention_fp8_descales_compile_and_graph():
     deq = [q8.double() * per_kv[0].double().repeat_interleave(4, 1)[:, :, None, None],
            k8.double() * per_kv[1].double()[:, :, None, None], v8.double() * per_kv[2].double()[:, :, None, None]]
     o64, _ = attention_ref(*deq, causal=True)
-    oe, _ = f8.emulate(*(x.float() for x in deq), rotate=False, causal=True)
+    oe, _ = f8t.emulate(*(x.float() for x in deq), rotate=False, causal=True)
     assert_flash_rule("attention_fp8", out, o64, oe.to(torch.bfloat16), 2.0, 1e-3)
 
     def fn(q, k, v):

@@ -2,7 +2,7 @@
 
 Correctness: the prologue (rotation + block quantization) and the Gluon kernel on odd shapes,
 against float64 attention of the unquantized inputs with the PyTorch emulation of the same fp8
-computation as the yardstick (fwd_fp8.check_outputs: the flash-attn rule, factor 2, and -inf LSE
+computation as the yardstick (fwd_fp8_tuning.check_outputs: the flash-attn rule, factor 2, and -inf LSE
 exactly where the reference has it). Throughput: the attention kernel alone (the prologue timed on
 its own) at B1 H16 hd128, non-causal, S 4096 and 16384, for several Gluon configs beside the Triton
 fp8 kernel's default, TFLOP/s = 4 S^2 D H / time (triton.testing.do_bench, median); each row is a
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from attngen.families import fwd_fp8 as F
+from attngen.families import fwd_fp8_tuning as f8t
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.problem import attention_ref, random_inputs
 from attngen.runtime import loader
@@ -112,8 +113,8 @@ def test_fp8_gluon_forward_matches_float64_within_the_emulation_budget(c: Case, 
     torch.cuda.synchronize()
     kw = dict(causal=c.causal, window_size=c.window)
     o64, l64 = attention_ref(q, k, v, **kw)
-    opt, lpt = F.emulate(q, k, v, **kw)
-    F.check_outputs(c.id, out, lse, {"out64": o64, "lse64": l64, "out_pt": opt, "lse_pt": lpt})
+    opt, lpt = f8t.emulate(q, k, v, **kw)
+    f8t.check_outputs(c.id, out, lse, {"out64": o64, "lse64": l64, "out_pt": opt, "lse_pt": lpt})
     err = (out.double() - o64).abs().max().item()
     rec.update(passed=True, err=err, emu_err=(opt.double() - o64).abs().max().item(),
                seconds=round(time.perf_counter() - t0, 2))

@@ -1,7 +1,7 @@
 """The fp8 family (fwd_fp8) in Triton's interpreter: the prologue (the rotation is orthogonal and
 leaves Q.K^T unchanged, the kernel's e4m3 bytes and descales are PyTorch's, a round trip stays
 within e4m3's rounding) and the attention kernel against float64 with the flash-attn rule (error
-<= 2x that of the same computation in PyTorch, fwd_fp8.emulate) on odd shapes: masks, softcap,
+<= 2x that of the same computation in PyTorch, fwd_fp8_tuning.emulate) on odd shapes: masks, softcap,
 GQA, head dims that are not a power of two, packed documents; the generated kernel's golden
 output; the API (attention(precision="fp8"), attention_fp8 with FlashAttention-3's descales,
 torch.compile) and its errors. Outputs and fp8 buffers are poisoned before each launch."""
@@ -16,6 +16,7 @@ import torch
 import attngen
 from attngen import env
 from attngen.families import fwd_fp8 as f8
+from attngen.families import fwd_fp8_tuning as f8t
 from attngen.kernels.common import MaskArgs, mask_kind
 from attngen.problem import attention_ref, random_inputs
 from attngen.runtime import dispatch, loader
@@ -57,7 +58,7 @@ def run_dense(spec, mod, q, k, v, causal, window, softcap, cfg, rotate=True):
 def refs(q, k, v, causal, window, softcap, rotate=True):
     kw = dict(causal=causal, window_size=window, softcap=softcap)
     o64, l64 = attention_ref(q, k, v, **kw)
-    oe, le = f8.emulate(q, k, v, rotate=rotate, **kw)
+    oe, le = f8t.emulate(q, k, v, rotate=rotate, **kw)
     return {"out64": o64, "lse64": l64, "out_pt": oe, "lse_pt": le}
 
 
@@ -67,7 +68,7 @@ def refs(q, k, v, causal, window, softcap, rotate=True):
 
 @pytest.mark.parametrize("d", [128, 80, 72, 112, 40, 8, 256])
 def test_rotation_is_orthogonal_and_keeps_scores(d):
-    m = f8.rotation_matrix(d)
+    m = f8t.rotation_matrix(d)
     w = f8.qk_width(_spec(d, d, 1, "none"))
     assert m.shape == (d, w)
     torch.testing.assert_close(m @ m.T, torch.eye(d, dtype=torch.float64), atol=1e-12, rtol=0)
@@ -91,15 +92,15 @@ def test_prologue_matches_pytorch_quantization(d, dv, sq, sk):
     bufs = _poisoned(f8.alloc(f8.buffers(spec, q, k, v, False), "cpu"))
     for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.signs(f8.qk_width(spec), 0, "cpu")):
         la.run()
-    m = f8.rotation_matrix(d)
+    m = f8t.rotation_matrix(d)
     for name, x, rot in (("Q", q, True), ("K", k, True), ("V", v, False)):
-        want8, want_d = f8.quantize_ref(x.double() @ m if rot else x)
+        want8, want_d = f8t.quantize_ref(x.double() @ m if rot else x)
         got8 = bufs["Vt"][..., :sk].transpose(-1, -2) if name == "V" else bufs[name + "8"]
         torch.testing.assert_close(bufs[name + "Scale"], want_d.float(), rtol=1e-6, atol=0)
         same = (got8.double() == want8).float().mean().item()
         assert same > 0.999, f"{name}: {same:.4%} of the e4m3 values are PyTorch's"  # fp32 rounding of the FWHT
         # round trip: rotated back, within e4m3's rounding (half an ulp: 2^-4 relative, plus subnormals)
-        deq = f8.dequantize_ref(got8.double(), bufs[name + "Scale"])
+        deq = f8t.dequantize_ref(got8.double(), bufs[name + "Scale"])
         back = deq @ m.T if rot else deq
         tol = bufs[name + "Scale"].double().repeat_interleave(f8.SCALE_BLOCK, -1)[..., :x.shape[2], None]
         bound = 2.0 ** -4 * (x.double() @ m if rot else x.double()).abs() + tol * 2.0 ** -9 * 448
@@ -140,7 +141,7 @@ def test_fp8_kernel_against_float64(case):
                             mults=(4.0 if softcap else 1.0, 1.0, 1.0))
     cfg = f8.default_fp8_config(spec, "cpu")
     out, lse, _ = run_dense(spec, loader.load(spec), q, k, v, causal, window, softcap, cfg)
-    f8.check_outputs(_cid(case), out, lse, refs(q, k, v, causal, window, softcap))
+    f8t.check_outputs(_cid(case), out, lse, refs(q, k, v, causal, window, softcap))
 
 
 @pytest.mark.parametrize("cfg", [f8.Fp8Config(16, 16, 2, 1), f8.Fp8Config(64, 32, 4, 2), f8.Fp8Config(128, 128, 8, 1),
@@ -151,7 +152,7 @@ def test_fp8_kernel_tiles(cfg):
     spec = _spec(64, 64, 2, "causal")
     q, k, v = random_inputs((1, 4, 300, 64), (1, 2, 259, 64), (1, 2, 259, 64), dtype=torch.float16, seed=5)
     out, lse, _ = run_dense(spec, loader.load(spec), q, k, v, True, (-1, -1), 0.0, cfg)
-    f8.check_outputs(f"tiles {cfg}", out, lse, refs(q, k, v, True, (-1, -1), 0.0))
+    f8t.check_outputs(f"tiles {cfg}", out, lse, refs(q, k, v, True, (-1, -1), 0.0))
 
 
 def test_no_rotation_and_outliers():
@@ -168,7 +169,7 @@ def test_no_rotation_and_outliers():
         out, lse, _ = run_dense(spec, mod, q, k, v, False, (-1, -1), 0.0, f8.default_fp8_config(spec, "cpu"),
                                 rotate=rotate)
         ref = refs(q, k, v, False, (-1, -1), 0.0, rotate=rotate)
-        f8.check_outputs(f"rotate={rotate}", out, lse, ref)
+        f8t.check_outputs(f"rotate={rotate}", out, lse, ref)
         errs[rotate] = (out.double() - ref["out64"]).pow(2).mean().sqrt().item()
     assert errs[True] < errs[False], errs
 
@@ -188,7 +189,7 @@ def test_fp8_packed_documents():
             continue
         qd, kd, vd = (x[r].transpose(0, 1)[None] for x, r in ((q, a), (k, b), (v, b)))
         ref = refs(qd, kd, vd, True, (-1, -1), 0.0)
-        f8.check_outputs(f"doc {i}", out[a].transpose(0, 1)[None], lse[:, a][None], ref)
+        f8t.check_outputs(f"doc {i}", out[a].transpose(0, 1)[None], lse[:, a][None], ref)
 
 
 # the generated fp8 kernels (specs/), their golden outputs
@@ -205,7 +206,7 @@ def test_generated_fp8_kernel_golden(spec, path):
     window = (40, 0) if spec.mask == "sliding_window" else (-1, -1)
     out, lse, _ = run_dense(spec, mod, q, k, v, causal, window, 0.0, f8.default_fp8_config(spec, "cpu"))
     ref = refs(q, k, v, causal, window, 0.0)
-    f8.check_outputs(spec.uri, out, lse, ref)
+    f8t.check_outputs(spec.uri, out, lse, ref)
     fin = torch.isfinite(ref["lse64"])
     golden.check("fwd_fp8", spec.uri, "q113_k203", {"out": out, "lse": lse},
                  {"out": (out.double() - ref["out64"]).abs().max().item(),
@@ -249,7 +250,7 @@ def test_attention_fp8_descales(form):
     elif form == "head":
         (q8, qd), (k8, kd), (v8, vd) = (_quantize_per_kv_head(x, x.shape[1]) for x in (q, k, v))
     elif form == "block":
-        (q8, qd), (k8, kd), (v8, vd) = (f8.quantize_ref(x) for x in (q, k, v))
+        (q8, qd), (k8, kd), (v8, vd) = (f8t.quantize_ref(x) for x in (q, k, v))
         q8, k8, v8 = (x.to(E4M3) for x in (q8, k8, v8))
         qd, kd, vd = (d.float().contiguous() for d in (qd, kd, vd))
     else:
@@ -261,7 +262,7 @@ def test_attention_fp8_descales(form):
                                               if d.dim() == 2 else d.double().repeat_interleave(128, -1)[..., :x.shape[2], None]))
            for x, d in ((q8, qd), (k8, kd), (v8, vd))]
     o64, _ = attention_ref(*deq, causal=True)
-    oe, _ = f8.emulate(*(x.float() for x in deq), rotate=False, causal=True)
+    oe, _ = f8t.emulate(*(x.float() for x in deq), rotate=False, causal=True)
     from attngen.testing import assert_flash_rule
 
     assert_flash_rule(form, out, o64, oe.to(torch.bfloat16), 2.0, 1e-3)

@@ -213,10 +213,12 @@ def test_fp8_objective_quantizes_inside_the_trial(monkeypatch):
     assert o.run(f8.Fp8Config(32, 32, 4, 1)).status == "ok"
     assert o.run(f8.Fp8Config(32, 32, 4, 1, precise_acc=True)).status == "ok"
     assert o.run(f8.Fp8Config(256, 32, 4, 1)).status == "invalid"
-    real = f8.fp8_launches
+    from attngen.families import fwd_fp8_tuning as f8t
+
+    real = f8t.fp8_launches
 
     def scaled_wrong(mod, spec, q8, k8, vt, qs, ks, vs, *rest, **kw):
         return real(mod, spec, q8, k8, vt, qs * 1.05, ks, vs, *rest, **kw)  # a Q descale 5 % off
-    monkeypatch.setattr(f8, "fp8_launches", scaled_wrong)
+    monkeypatch.setattr(f8t, "fp8_launches", scaled_wrong)
     bad = o.run(f8.Fp8Config(32, 32, 4, 1))
     assert bad.status == "failed" and "wrong result" in bad.error, bad
