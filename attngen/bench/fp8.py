@@ -92,15 +92,23 @@ def _cudnn_fp8(q8, k8, v8, descales, causal: bool, scale: float):
 
 
 def _precise_call(q, k, v, causal: bool):
-    """attention(..., precision="fp8") with the config the runtime picks for the call, precise_acc on."""
+    """attention(..., precision="fp8") through the Triton kernel with precise_acc on (the config the
+    runtime picks, or the Triton kernel's it falls back to when that is the Gluon kernel's)."""
     import dataclasses
 
     import attngen
     from attngen.families.fwd_fp8 import Fp8Config
     from attngen.runtime import dispatch
 
-    info = attngen.explain(q, k, v, causal=causal, precision="fp8")
-    cfg = dataclasses.replace(Fp8Config(**info["config"]), precise_acc=True)
+    from attngen.families.fwd_fp8 import triton_fp8_config
+    from attngen.spec import KernelSpec
+
+    cfg = Fp8Config(**attngen.explain(q, k, v, causal=causal, precision="fp8")["config"])
+    if cfg.consumers:  # the Gluon kernel has no promotion: the Triton kernel's default instead
+        spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1],
+                          "causal" if causal else "none")
+        cfg = triton_fp8_config(spec)
+    cfg = dataclasses.replace(cfg, precise_acc=True)
 
     def run():
         with dispatch.forced_config(fwd_fp8=cfg):

@@ -17,7 +17,7 @@ import torch
 from attngen.families import family
 from attngen.families import fwd_fp8 as f8
 from attngen.kernels.launch import make_descriptors
-from attngen.runtime import validate
+from attngen.runtime import dispatch, validate
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache
 
@@ -163,7 +163,8 @@ def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0
     # e4m3 inputs go to the kernel as they are: whether the copy engine can read them (16-byte
     # aligned bases) decides the kernel, so it is part of the key
     aligned = not quantized or (q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0)
-    key = (aligned, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
+    key = (dispatch.override(), aligned, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+           q.device, opts,
            None if cu_q is None else cu_q.shape, max_q, max_k, rotate, out_dtype,
            None if descales is None else tuple((d.shape, d.stride()) for d in descales))
     plan = _PLANS.get(key)

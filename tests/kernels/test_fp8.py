@@ -317,3 +317,20 @@ def test_fp8_forced_config_and_filter():
 
     ref = refs(q, k, v, False, (-1, -1), 0.0)
     assert_flash_rule("forced", out, ref["out64"], ref["out_pt"], 2.0, 1e-4)
+
+
+def test_forced_config_is_part_of_the_plan_key():
+    """A forced config after a default call of the same shape builds its own plan (and a config
+    the filter rejects is refused), as the bf16 plans do."""
+    q, k, v = random_inputs((1, 2, 70, 64), (1, 2, 70, 64), (1, 2, 70, 64), dtype=torch.bfloat16, seed=12)
+    attngen.attention(q, k, v, precision="fp8")
+    with dispatch.forced_config(fwd_fp8=f8.Fp8Config(16, 16, 2, 1)):
+        assert attngen.explain(q, k, v, precision="fp8")["config"]["block_m"] == 16
+        from attngen.runtime import fp8 as rt_fp8
+
+        before = len(rt_fp8._PLANS)
+        attngen.attention(q, k, v, precision="fp8")
+        assert len(rt_fp8._PLANS) == before + 1
+    with pytest.raises(ValueError, match="cannot launch"):
+        with dispatch.forced_config(fwd_fp8=f8.Fp8Config(128, 128, 4, 3, consumers=2)):  # no Gluon kernel at hd64 x 2
+            attngen.attention(q, k, v, precision="fp8", causal=True, softcap=5.0)
