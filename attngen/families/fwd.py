@@ -77,8 +77,8 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
 
 
 def ws_forward(spec: KernelSpec) -> bool:
-    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja for dense
-    calls, _mainloop_ws_docs.py.jinja for packed documents; FwdConfig.consumers): sm90 family, no
+    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja, dense
+    calls and packed documents; FwdConfig.consumers): sm90 family, no
     softcapping, the same
     head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
     softcapping and the other head dims keep the Triton kernels)."""
