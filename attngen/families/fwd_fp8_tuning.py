@@ -105,7 +105,7 @@ class TuningHooks:
         return obj.problem.flops() * obj.family.flop_factor / ms / 1e9
 
     def inputs(self, obj, seed: int) -> dict:
-        from attngen.families.fwd import TuningHooks as FwdHooks
+        from attngen.families.fwd_tuning import TuningHooks as FwdHooks
 
         t = FwdHooks().inputs(obj, seed)
         s = obj.spec

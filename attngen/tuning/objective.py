@@ -2,8 +2,8 @@
 it. The tuner's objective.
 
 Nothing here knows a family: inputs, launches, the reference, the accuracy check and the throughput
-(TFLOP/s, or GB/s for decode) come from the family's tuning hooks (attngen/families/<name>.py,
-TuningHooks), so a new family tunes without an edit here.
+(TFLOP/s, or GB/s for decode) come from the family's tuning hooks (Family.hooks: attngen/families/
+<name>.py, or a sibling such as fwd_tuning.py; TuningHooks), so a new family tunes without an edit here.
 
 A config's fate, recorded by the tuner as the trial's status:
   invalid  the family's validity filter rejects it: never compiled
