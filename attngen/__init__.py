@@ -13,6 +13,7 @@ from attngen._version import __version__
 
 _PUBLIC = {
     "attention": "attngen.runtime.public",
+    "attention_fp8": "attngen.runtime.public",
     "attention_varlen": "attngen.runtime.public",
     "attention_with_kvcache": "attngen.runtime.public",
     "explain": "attngen.runtime.tools",

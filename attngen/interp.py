@@ -11,6 +11,11 @@ tests apply it before running a kernel through the interpreter (idempotent):
   backward adds dQ tiles that way): ``create_descriptor_reduce`` is added as an element-wise atomic
   add over the descriptor's block (rows and columns past the tensor's end masked off, as the copy
   engine clips them).
+- its fp32 -> fp8 e4m3 downcast rounds wrongly: a tie goes away from zero and a mantissa that
+  rounds up past its last value loses the carry into the exponent (1.95 -> 1.0, 100 -> 104, where
+  round-to-nearest-even gives 2.0 and 96; upstream triton issue 8322), and values past 448 are not
+  saturated: ``create_fp_to_fp`` converts to e4m3 through torch's float8_e4m3fn (round to nearest
+  even) after clamping to +-448, as the GPU's saturating conversion (cvt.rn.satfinite) does.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ import numpy as np
 
 _PATCHED = False
 ORIGINAL_CREATE_DOT = None  # the interpreter's own create_dot, kept for the test that shows the bug
+ORIGINAL_FP_TO_FP = None  # the interpreter's own create_fp_to_fp (the fp8 downcast's test)
+E4M3_MAX = 448.0
 
 
 def patch_interpreter() -> None:
-    global _PATCHED, ORIGINAL_CREATE_DOT
+    global _PATCHED, ORIGINAL_CREATE_DOT, ORIGINAL_FP_TO_FP
     if _PATCHED:
         return
     import triton.language as tl
@@ -41,6 +48,15 @@ def patch_interpreter() -> None:
 
     create_dot._attngen_patched = True
     ti.InterpreterBuilder.create_dot = create_dot
+    to_fp = ORIGINAL_FP_TO_FP = ti.InterpreterBuilder.create_fp_to_fp
+
+    @functools.wraps(to_fp)
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
+            return _to_e4m3(src)
+        return to_fp(self, src, dst_type, rounding_mode)
+
+    ti.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
     if not hasattr(ti.InterpreterBuilder, "create_descriptor_reduce"):
         ti.InterpreterBuilder.create_descriptor_reduce = _create_descriptor_reduce
     _PATCHED = True
@@ -66,3 +82,14 @@ def _bf16_to_f32(h):
     return ti.TensorHandle(bits.view(np.float32), tl.float32)
 
 
+
+
+def _to_e4m3(h):
+    """fp32 / fp16 / bf16 interpreter values -> e4m3 bytes: round to nearest even, saturating."""
+    import torch
+    import triton.language as tl
+    from triton.runtime import interpreter as ti
+
+    x = _bf16_to_f32(h).data.astype(np.float32)
+    t = torch.from_numpy(np.ascontiguousarray(x)).clamp(-E4M3_MAX, E4M3_MAX)
+    return ti.TensorHandle(t.to(torch.float8_e4m3fn).view(torch.uint8).numpy().reshape(x.shape), tl.float8e4nv)

@@ -113,8 +113,8 @@ ENTRY_ROWS = [
     ("mask_missing", {"mask": DROP}, "mask", "is required"),
     ("causal_alignment_unknown", {"causal_alignment": "center"}, "causal_alignment",
      "bottom_right, top_left"),
-    ("fp8_not_implemented", {"dtypes": ["bf16", "fp8_e4m3"], "targets": "sm90"}, "dtypes",
-     "fp8_e4m3: fp8 kernels are not implemented yet (implemented: fp16, bf16)"),
+    ("fp8_with_backward", {"dtypes": ["bf16", "fp8_e4m3"], "targets": "sm90", "families": ["fwd", "bwd"]},
+     "families", "bwd: fp8_e4m3 kernels are forward-only (inference)"),
     ("dtype_unknown", {"dtypes": ["bf16", "fp32"]}, "dtypes", "unknown value 'fp32'"),
     ("dtype_twice", {"dtypes": ["bf16", "bf16"]}, "dtypes", "listed twice"),
     ("dtypes_empty", {"dtypes": []}, "dtypes", "non-empty list"),
@@ -245,7 +245,7 @@ def test_every_problem_is_listed_at_once(tmp_path):
     assert err.problems == [
         f"{path}: kernel 'a' (entry 0): field 'head_dim': must be in [8, 256], got 300",
         f"{path}: kernel 'b' (entry 1): field 'window': is required for a sliding-window mask",
-        f"{path}: kernel 'b' (entry 1): field 'dtypes': unknown value 'fp32' (expected fp16, bf16)",
+        f"{path}: kernel 'b' (entry 1): field 'dtypes': unknown value 'fp32' (expected fp16, bf16, fp8_e4m3)",
     ]
 
 
@@ -280,7 +280,8 @@ def test_specs_folder_lists_every_yaml():
 def test_llama_expands_to_expected_kernels():
     f = load_spec(SPECS_DIR / "llama.yaml")
     assert f.model == "Llama-3-8B"
-    dense, packed = f.entries
+    dense, packed, fp8 = f.entries
+    assert [k.uri for k in fp8.kernel_specs()] == ["attn_fwd_fp8_e4m3_hd128_gqa4_causal_sm90"]
     assert (dense.name, dense.head_dim_qk, dense.head_dim_v, dense.num_q_heads, dense.num_kv_heads,
             dense.gqa_ratio) == ("llama3_8b", 128, 128, 32, 8, 4)
     assert (dense.mask, dense.window, dense.causal_alignment, dense.softcap, dense.softmax_scale) == (
@@ -293,7 +294,7 @@ def test_llama_expands_to_expected_kernels():
     # packed documents get no decode kernels (decoding reads a KV cache)
     assert [k.uri for k in packed.kernel_specs()] == ["attn_" + c.format(mask="doc_causal") for c in combos
                                                       if not c.startswith("decode")]
-    assert [k.uri for k in f.kernel_specs()] == [k.uri for e in (dense, packed) for k in e.kernel_specs()]
+    assert [k.uri for k in f.kernel_specs()] == [k.uri for e in (dense, packed, fp8) for k in e.kernel_specs()]
     assert f.kernel_specs()[0] == KernelSpec(family="fwd", dtype="bf16", target="sm80", head_dim_qk=128,
                                              head_dim_v=128, gqa_ratio=4, mask="causal")
     assert packed.kernel_specs()[0] == KernelSpec(family="fwd", dtype="bf16", target="sm80", head_dim_qk=128,
@@ -381,20 +382,27 @@ def test_single_strings_and_expansion_order(tmp_path):
     ]
 
 
-def test_fp8_is_rejected_by_the_spec_check(tmp_path):
-    """fp8 is in the schema, but until its kernels exist the spec check itself says so, with file,
-    entry and field (and, with sm80, also that fp8 needs sm90)."""
-    path = write_spec(tmp_path, {"kernels": [GOOD, entry(name="f8", dtypes=["fp8_e4m3"],
-                                                         targets=["sm80", "sm90"])]})
+def test_fp8_entries(tmp_path):
+    """fp8_e4m3 entries build the fwd_fp8 family only (a default family list keeps bwd and decode
+    for the entry's other dtypes); sm80, or a backward or decode asked for explicitly, is an error
+    naming file, entry and field."""
+    path = write_spec(tmp_path, {"kernels": [GOOD, entry(name="f8", dtypes=["bf16", "fp8_e4m3"], targets="sm90",
+                                                         families=DROP)]})
+    specs = load_spec(path).entries[1].kernel_specs()
+    assert [(s.family, s.dtype) for s in specs] == [("fwd", "bf16"), ("fwd_fp8", "fp8_e4m3"), ("bwd", "bf16"),
+                                                    ("decode", "bf16")]
+    assert specs[1].uri == "attn_fwd_fp8_e4m3_hd128_gqa4_causal_sm90"
+    path = write_spec(tmp_path, {"kernels": [GOOD, entry(name="f8", dtypes=["fp8_e4m3"], targets=["sm80", "sm90"],
+                                                         families=["fwd", "decode"])]})
     assert spec_error(path).problems == [
-        f"{path}: kernel 'f8' (entry 1): field 'dtypes': fp8_e4m3: fp8 kernels are not implemented "
-        "yet (implemented: fp16, bf16)",
         f"{path}: kernel 'f8' (entry 1): field 'dtypes': fp8_e4m3 needs target sm90 only (sm80 has "
         "no fp8 tensor cores); split the entry or drop sm80 from targets",
+        f"{path}: kernel 'f8' (entry 1): field 'families': decode: fp8_e4m3 kernels are forward-only "
+        "(inference); give fp8_e4m3 an entry of its own with families: fwd (or leave families out)",
     ]
-    # a KernelSpec may still say fp8 (the schema has it): render() refuses it (tests/codegen)
-    assert KernelSpec(family="fwd", dtype="fp8_e4m3", target="sm90", head_dim_qk=128, head_dim_v=128,
-                      gqa_ratio=4, mask="causal").uri == "attn_fwd_fp8_e4m3_hd128_gqa4_causal_sm90"
+    with pytest.raises(ValueError, match="family fwd_fp8 and dtype fp8_e4m3 go together"):
+        KernelSpec(family="fwd", dtype="fp8_e4m3", target="sm90", head_dim_qk=128, head_dim_v=128, gqa_ratio=4,
+                   mask="causal")
 
 
 def test_duplicate_name_is_reported_with_the_other_problems(tmp_path):
@@ -510,7 +518,7 @@ def test_load_specs_reports_every_problem_of_every_file(tmp_path):
     """Not only the first bad file's problems: every file's, in order, and a missing target too."""
     a = write_spec(tmp_path, {"kernels": [entry(name="a", head_dim=300)]}, "a.yaml")
     ok = write_spec(tmp_path, {"kernels": [entry(name="fine")]}, "ok.yaml")
-    b = write_spec(tmp_path, {"kernels": [entry(name="b", dtypes=["fp8_e4m3"], targets="sm90"),
+    b = write_spec(tmp_path, {"kernels": [entry(name="b", dtypes=["fp8_e4m3"], targets="sm90", families="bwd"),
                                           entry(name="b2", mask=DROP)]}, "b.yaml")
     c = write_spec(tmp_path, "kernels: [\n", "c.yaml")
     missing = tmp_path / "nope.yaml"
@@ -520,8 +528,8 @@ def test_load_specs_reports_every_problem_of_every_file(tmp_path):
     assert problems[:4] == [
         f"{missing}: no such spec file or folder",
         f"{a}: kernel 'a' (entry 0): field 'head_dim': must be in [8, 256], got 300",
-        f"{b}: kernel 'b' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels are not implemented yet "
-        "(implemented: fp16, bf16)",
+        f"{b}: kernel 'b' (entry 0): field 'families': bwd: fp8_e4m3 kernels are forward-only (inference); "
+        "give fp8_e4m3 an entry of its own with families: fwd (or leave families out)",
         f"{b}: kernel 'b2' (entry 1): field 'mask': is required (one of none, causal, sliding_window, document)",
     ]
     assert len(problems) == 5 and problems[4].startswith(f"{c}: not valid YAML (line "), problems

@@ -46,9 +46,10 @@ _MEASURING = {"mode": "fwd", "cases": None, "providers": None, "out": None, "dty
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both", "decode"), default="fwd",
+    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both", "decode", "fp8"), default="fwd",
                    help="forward only, forward+backward, or both (TFLOP/s); decode: one query token on a "
-                        "KV cache, GB/s of K and V read (attngen.bench.decode) (default: fwd)")
+                        "KV cache, GB/s of K and V read (attngen.bench.decode); fp8: the fp8 forward "
+                        "beside bf16 and cuDNN fp8 (attngen.bench.fp8) (default: fwd)")
     p.add_argument("--cases", default=None,
                    help=f"comma-separated case names (default: all): {', '.join(CASES_BY_NAME)}")
     p.add_argument("--providers", default=None,
@@ -65,6 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--from", dest="from_json", default=None, metavar="RESULTS.json",
                    help="with --plot: measure nothing, draw this results file (of --out) instead; "
                         "needs no GPU (default: measure)")
+    p.add_argument("--accuracy", default=None, metavar="FILE.json",
+                   help="with --mode fp8: also write the accuracy report (RMSE against float64 on outlier "
+                        "inputs: bf16, fp8 with and without rotation, fp8 with per-tensor scales; default: none)")
 
 
 def _pick(arg: str | None, table: dict, what: str) -> list:
@@ -102,6 +106,12 @@ def _redraw(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.mode == "fp8":
+        from attngen.bench import fp8
+
+        return fp8.main_args(args)
+    if getattr(args, "accuracy", None):
+        return _fail("--accuracy goes with --mode fp8", 2)
     if args.mode == "decode":
         from attngen.bench import decode
 

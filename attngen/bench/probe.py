@@ -3,6 +3,7 @@ made of them: registers, spilled bytes, shared memory, and how each wgmma takes 
 (shared memory or registers). A kernel change can be looked at before it costs device time.
 
     TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd --hd 128 --mask causal --config 64,64,4,3
+    TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd_fp8 --hd 128 --mask none --config 128,128,4,3,consumers=2
     TRITON_INTERPRET=0 python3 -m attngen.bench.probe bwd --hd 256 --mask causal \
         --config 32,64,4,2,64,64,4,2 --also split_dkdv=True
     ... --switch name=value   (a codegen option, attngen.codegen.render.template_context)
@@ -41,6 +42,8 @@ from attngen.kernels.launch import make_descriptors  # noqa: E402
 from attngen.runtime import loader  # noqa: E402
 from attngen.spec import KernelSpec  # noqa: E402
 from attngen.configs import BwdConfig, FwdConfig  # noqa: E402
+from attngen.families import fwd_fp8  # noqa: E402
+from attngen.families.fwd_fp8 import Fp8Config  # noqa: E402
 
 
 def parse_config(text: str, cls: type = FwdConfig):
@@ -48,7 +51,7 @@ def parse_config(text: str, cls: type = FwdConfig):
     stages; a BwdConfig also its dQ pass's), TMA on, then other fields by name."""
     parts = text.split(",")
     nums = [int(p) for p in parts if "=" not in p]
-    cfg = cls(*nums, tma=True)
+    cfg = cls(*nums) if cls.__name__ == "Fp8Config" else cls(*nums, tma=True)
     for item in (p for p in parts if "=" in p):
         name, val = item.split("=", 1)
         value = {"True": True, "False": False}[val] if val in ("True", "False") else int(val)
@@ -57,7 +60,7 @@ def parse_config(text: str, cls: type = FwdConfig):
 
 
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32",
-          torch.int64: "i64"}
+          torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
 
 
 def signature(launch) -> tuple[dict, dict]:
@@ -118,6 +121,8 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
            "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
     rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
+    # the operand types of each wgmma ("f32.bf16.bf16", "f32.e4m3.e4m3", ...)
+    rep["wgmma_types"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.(\S+?)\s", ptx)))
     # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
     # inside a warp group)
     rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
@@ -143,7 +148,7 @@ def module_for(spec: KernelSpec, switch: dict, tmp: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("family", choices=("fwd", "bwd"))
+    ap.add_argument("family", choices=("fwd", "bwd", "fwd_fp8"))
     ap.add_argument("--hd", type=int, default=128)
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
@@ -156,10 +161,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
     args = ap.parse_args(argv)
 
-    cls = FwdConfig if args.family == "fwd" else BwdConfig
+    cls = {"fwd": FwdConfig, "bwd": BwdConfig, "fwd_fp8": Fp8Config}[args.family]
     cfg = parse_config(",".join([args.config, *args.also]), cls)
     switch = dict(s.split("=", 1) for s in args.switch)
-    spec = KernelSpec(args.family, args.dtype, "sm90", args.hd, args.hd, args.gqa, args.mask, varlen=args.varlen)
+    kdtype = "fp8_e4m3" if args.family == "fwd_fp8" else args.dtype
+    spec = KernelSpec(args.family, kdtype, "sm90", args.hd, args.hd, args.gqa, args.mask, varlen=args.varlen)
     tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))
     mod = module_for(spec, switch, tmp)
 
@@ -174,7 +180,11 @@ def main(argv=None) -> int:
     _, wl, wr = mask_kind(causal, wsz)
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
-    if args.family == "fwd" and args.varlen:
+    if args.family == "fwd_fp8":  # the attention launch over the prologue's tensors (dense)
+        bufs = fwd_fp8.alloc(fwd_fp8.buffers(spec, q, k, v, False), q.device)
+        launches = fwd_fp8.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
+                                        bufs["KScale"], bufs["VScale"], out, lse, margs, cfg, gluon=True)
+    elif args.family == "fwd" and args.varlen:
         packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
         launches = fwd_launches(mod, spec, *packed, torch.empty(Hq, S), margs, cfg, cu, cu, S // 2, gluon=True)

@@ -140,7 +140,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "kernel_spec": kernel_spec_repr(spec),
         "kernel_hash": "",  # render() fills it in: the hash of the module rendered without it
     }
+    fam = family(spec.family)
     return {
+        **(fam.context(spec) if fam.context else {}),
         "spec": spec,
         "stamp": stamp,
         "pad_qk": spec.pad_qk,

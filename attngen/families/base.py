@@ -43,6 +43,8 @@ class Family:
     # "module:name" of the family's tuning hooks (attngen.tuning.objective.FamilyHooks): inputs,
     # launch, reference, accuracy check
     hooks: str = ""
+    # (KernelSpec) -> {name: value}: what the family's template reads beyond the common context
+    context: Callable | None = None
 
     def launches(self) -> Callable:
         return _resolve(self.launcher)

@@ -12,7 +12,6 @@ from types import ModuleType
 import torch
 import triton
 
-from attngen.families import fwd as _fwd
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
@@ -447,51 +446,6 @@ def attn_bwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, 
              cu_seqlens_k, max_seqlen_q, max_seqlen_k)
 
 
-# ------------------------------------------------------------------------------------------------
-# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
-
-
-class TuningHooks(_fwd.TuningHooks):
-    """The forward's inputs plus dO, O and LSE (by the forward kernel with its default config) and
-    the gradients' buffers; the reference is the float64 gradients (flash-attn rule, factor 3)."""
-
-    factor = 3.0
-    outputs = ("dq", "dk", "dv")
-
-    def inputs(self, obj, seed: int) -> dict:
-        import torch
-
-        t = super().inputs(obj, seed)
-        g = torch.Generator(device=obj.device).manual_seed(2000 + seed)
-        t["dout"] = torch.randn(t["out"].shape, generator=g, device=obj.device).to(obj.dtype)
-        t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
-        fwd_spec = obj.spec.replace(family="fwd")
-        cfg = _fwd.FAMILY.default(fwd_spec, obj.kind, obj.problem.seqlen_q)
-        _fwd.TuningHooks.launch(self, obj, cfg, t, obj.load(fwd_spec), fwd_spec)
-        return t
-
-    def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:
-        p, s = obj.problem, obj.spec
-        if s.varlen:
-            attn_bwd_varlen(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"],
-                            t["dv"], t["cu_q"], t["cu_k"], p.seqlen_q, p.seqlen_k, obj.mask, cfg, False)
-        else:
-            attn_bwd(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"], t["dv"],
-                     obj.mask, cfg, False)
-
-    def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
-        from attngen.problem import gradient_chunk
-
-        return gradient_chunk(obj.problem, v, hs, g, keep, rows, kw)
-
-    def check(self, obj, name: str, t: dict, ref: dict) -> None:
-        from attngen.testing import assert_flash_rule
-
-        for n in ("dq", "dk", "dv"):
-            assert_flash_rule(f"{name} {n}", t[n], ref[f"{n}64"], ref[f"{n}_pt"], self.factor, 1e-5)
-
-
-
 def variants(spec: KernelSpec) -> dict[str, bool]:
     """The optional kernels of `spec`'s module: the warp-specialized Gluon passes."""
     return {"ws": ws_backward(spec)}
@@ -503,4 +457,4 @@ FAMILY = Family(
     ("_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma",
      "_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"), "attngen.families.bwd:bwd_launches", 2.5, ("dq", "dk", "dv"),
     space=SPACE, target_spaces=TARGET_SPACES, portable=lambda cfg, spec: pointer_bwd_config(cfg),
-    variants=variants, hooks="attngen.families.bwd:TuningHooks")
+    variants=variants, hooks="attngen.families.bwd_tuning:TuningHooks")

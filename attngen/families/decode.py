@@ -95,7 +95,13 @@ def default_decode_config(spec: KernelSpec, device_kind: str = "cuda") -> Decode
         return DecodeConfig(32, 4, 1)
     if max(spec.head_dim_qk, spec.head_dim_v) > 128:
         return DecodeConfig(32, 4, 2)
-    return DecodeConfig(64, 4, 2)
+    # the best geometric mean of a config sweep on the H200 (hd128, GQA 32/8: B1 S32k and S128k, B8
+    # S32k contiguous and paged by 16, B64 S4k; benchmarks/results/h200_sweep_decode_2026-12-03.json,
+    # one program per SM): 128-key steps, 8 warps, 2 stages, 2190 / 2757 / 3760 / 3072 / 4180 GB/s;
+    # 64-key steps and 3 stages win the long contiguous caches (4089 at B8 S32k, 3148 at B1 S128k)
+    # but lose paged (2431) and B1 S32k (1850). The bench at the default two programs per SM:
+    # benchmarks/results/h200_bench_decode_2026-12-03.json
+    return DecodeConfig(128, 8, 2)
 
 
 def variants(spec: KernelSpec) -> dict[str, bool]:

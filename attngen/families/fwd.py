@@ -77,8 +77,8 @@ def fwd_smem_bytes(spec: KernelSpec, cfg: FwdConfig) -> int:
 
 
 def ws_forward(spec: KernelSpec) -> bool:
-    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja for dense
-    calls, _mainloop_ws_docs.py.jinja for packed documents; FwdConfig.consumers): sm90 family, no
+    """The forward gets the warp-specialized Gluon kernel (templates/_mainloop_ws.py.jinja, dense
+    calls and packed documents; FwdConfig.consumers): sm90 family, no
     softcapping, the same
     head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
     softcapping and the other head dims keep the Triton kernels)."""
@@ -439,78 +439,6 @@ def attn_fwd_varlen(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, cu_seq
         launch.run()
 
 
-# ------------------------------------------------------------------------------------------------
-# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
-
-REF_CHUNK = 1 << 26  # score elements per float64 reference chunk (512 MB)
-
-
-class TuningHooks:
-    """Inputs, launch, reference and accuracy check of one forward problem; the objective calls
-    these and never the launchers itself. `obj` is the Objective (problem, spec, mod, mask, device,
-    dtype, kind)."""
-
-    factor = 2.0  # the flash-attn rule: error <= 2 x PyTorch's in the same precision
-    outputs = ("out", "lse")
-    unit = "TFLOP/s"
-
-    def throughput(self, obj, ms: float) -> float:
-        """2 (Dqk + Dv) per attended pair and head, exact pair counts; TFLOP/s."""
-        return obj.problem.flops() * obj.family.flop_factor / ms / 1e9
-
-    def inputs(self, obj, seed: int) -> dict:
-        import torch
-
-        p, s = obj.problem, obj.spec
-        g = torch.Generator(device=obj.device).manual_seed(1000 + seed)
-        dev, dt = obj.device, obj.dtype
-
-        def randn(*shape):
-            return torch.randn(shape, generator=g, device=dev, dtype=torch.float32).to(dt)
-
-        if s.varlen:
-            tq, tk = p.batch * p.seqlen_q, p.batch * p.seqlen_k
-            return {"q": randn(tq, p.heads_q, s.head_dim_qk), "k": randn(tk, p.heads_kv, s.head_dim_qk),
-                    "v": randn(tk, p.heads_kv, s.head_dim_v),
-                    "out": torch.empty(tq, p.heads_q, s.head_dim_v, device=dev, dtype=dt),
-                    "lse": torch.empty(p.heads_q, tq, device=dev, dtype=torch.float32),
-                    "cu_q": torch.arange(0, tq + 1, p.seqlen_q, device=dev, dtype=torch.int32),
-                    "cu_k": torch.arange(0, tk + 1, p.seqlen_k, device=dev, dtype=torch.int32)}
-        return {"q": randn(p.batch, p.heads_q, p.seqlen_q, s.head_dim_qk),
-                "k": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_qk),
-                "v": randn(p.batch, p.heads_kv, p.seqlen_k, s.head_dim_v),
-                "out": torch.empty(p.batch, p.heads_q, p.seqlen_q, s.head_dim_v, device=dev, dtype=dt),
-                "lse": torch.empty(p.batch, p.heads_q, p.seqlen_q, device=dev, dtype=torch.float32)}
-
-    def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:
-        mod, spec = mod or obj.mod, spec or obj.spec
-        if spec.varlen:
-            attn_fwd_varlen(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], t["cu_q"], t["cu_k"],
-                            obj.problem.seqlen_q, obj.mask, cfg)
-        else:
-            attn_fwd(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg)
-
-    def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
-        from attngen.problem import output_chunk
-
-        return output_chunk(obj.problem, v, hs, g, keep, rows, kw)
-
-    def reference(self, obj, t: dict) -> dict:
-        """float64 reference and same-precision PyTorch results of input set `t`, over chunks of
-        (batch or document) x KV head x query rows to bound memory."""
-        from attngen.problem import grouped_reference
-
-        return grouped_reference(obj.problem, obj.spec.gqa_ratio, t, lambda *a: self.chunk(obj, *a),
-                                 REF_CHUNK, obj.device)
-
-    def check(self, obj, name: str, t: dict, ref: dict) -> None:
-        from attngen.testing import assert_flash_rule, assert_lse_close
-
-        assert_flash_rule(f"{name} out", t["out"], ref["out64"], ref["out_pt"], self.factor, 1e-5)
-        assert_lse_close(f"{name} lse", t["lse"], ref["lse64"])
-
-
-
 def variants(spec: KernelSpec) -> dict[str, bool]:
     """The optional kernels of `spec`'s module: the warp-specialized Gluon forward."""
     return {"ws": ws_forward(spec)}
@@ -521,4 +449,4 @@ FAMILY = Family(
     lambda spec, kind, seqlen_q=0, window=None: default_fwd_config(spec, kind, seqlen_q),
     ("_attn_fwd", "_attn_fwd_tma", "_attn_fwd_ws"), "attngen.families.fwd:fwd_launches", 1.0, ("out", "lse"),
     space=SPACE, target_spaces=TARGET_SPACES, portable=lambda cfg, spec: pointer_fwd_config(cfg, spec),
-    variants=variants, hooks="attngen.families.fwd:TuningHooks")
+    variants=variants, hooks="attngen.families.fwd_tuning:TuningHooks")

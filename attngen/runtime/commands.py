@@ -75,6 +75,10 @@ def explain_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto",
                    help="cuda (needs a GPU), cpu (Triton's interpreter) or auto: cuda when a GPU is "
                         "visible, else cpu")
+    p.add_argument("--precision", choices=("default", "fp8"), default="default",
+                   help="fp8: the fp8 family (attention(..., precision='fp8'))")
+    p.add_argument("--no-rotate", dest="rotate", action="store_false",
+                   help="with --precision fp8: no Hadamard rotation of Q and K")
 
 
 def run_explain(args: argparse.Namespace) -> int:
@@ -99,7 +103,8 @@ def run_explain(args: argparse.Namespace) -> int:
         q = torch.empty(dims[0], dtype=dt, device=args.device)
         k = torch.empty(dims[1], dtype=dt, device=args.device)
         info = explain(q, k, k, causal=args.causal, window_size=tuple(args.window),
-                       softcap=args.softcap, layout=args.layout)
+                       softcap=args.softcap, layout=args.layout,
+                       precision=None if args.precision == "default" else args.precision, rotate=args.rotate)
     except (ValueError, RuntimeError) as exc:
         print(f"attngen explain: {exc}", file=sys.stderr)
         return 2

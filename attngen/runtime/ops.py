@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from attngen.runtime import api, kvcache, validate
+from attngen.runtime import api, fp8, kvcache, validate
 
 
 def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "validate.Options":
@@ -97,3 +97,33 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int):
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
                     opts.window_left, opts.window_right, opts.mask, new_len, num_splits)
+
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@torch.library.custom_op("attngen::attention_fp8", mutates_args=())
+def _fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Optional[torch.Tensor],
+         k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor], cu_seqlens_q: Optional[torch.Tensor],
+         cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float, softcap: float,
+         window_left: int, window_right: int, mask: str, top_left: bool, layout: str, rotate: bool,
+         out_dtype: str) -> tuple[torch.Tensor, torch.Tensor]:
+    opts = _opts(scale, softcap, window_left, window_right, mask, top_left, layout)
+    descales = None if q_descale is None else (q_descale, k_descale, v_descale)
+    return fp8.fp8_impl(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, rotate, descales,
+                        _DTYPES.get(out_dtype))
+
+
+@_fp8.register_fake
+def _fp8_fake(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+              scale, softcap, window_left, window_right, mask, top_left, layout, rotate, out_dtype):
+    out_shape, lse_shape = _out_shapes(q, v, layout)
+    dtype = _DTYPES.get(out_dtype) or (torch.bfloat16 if q.dtype == fp8.E4M3 else q.dtype)
+    return q.new_empty(out_shape, dtype=dtype), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def attention_fp8(q, k, v, descales, cu_q, cu_k, max_q: int, max_k: int, opts, rotate: bool, out_dtype):
+    qd, kd, vd = descales or (None, None, None)
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(out_dtype, "")
+    return _fp8(q, k, v, qd, kd, vd, cu_q, cu_k, max_q, max_k, opts.scale, opts.softcap, opts.window_left,
+                opts.window_right, opts.mask, opts.top_left, opts.layout, rotate, name)

@@ -60,12 +60,14 @@ def check_device(device: torch.device, interpret: bool) -> None:
 
 
 def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
-                mask: str, softcap: float, varlen: bool) -> tuple[KernelSpec, bool]:
-    """(spec, interpret) for a validated call (plan misses only)."""
+                mask: str, softcap: float, varlen: bool, kernel: tuple[str, str] | None = None
+                ) -> tuple[KernelSpec, bool]:
+    """(spec, interpret) for a validated call (plan misses only). kernel: the spec's (dtype, target)
+    when the family fixes them (fp8 kernels: ("fp8_e4m3", "sm90") whatever the inputs and device)."""
     interpret = env.interpreting()
     check_device(device, interpret)
-    spec = _kernel_spec(family, dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device), dqk, dv,
-                        gqa, mask, softcap > 0, varlen)
+    dtype_name, target = kernel or (dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device))
+    spec = _kernel_spec(family, dtype_name, target, dqk, dv, gqa, mask, softcap > 0, varlen)
     if interpret:
         from attngen.interp import patch_interpreter
 
@@ -106,13 +108,14 @@ class Plan:
 
     FAMILY: Family
     ALIGNED: tuple[str, ...] = ()
+    KERNEL: tuple[str, str] | None = None  # (dtype, target) the family fixes, else the call's
 
     def resolve(self, q, d: Dims, opts, packed: bool, misaligned: bool = False) -> None:
         """Kernel spec, module, device class and config of this plan (self.spec, .module,
         .device_class, .config, .config_source, .forced, .bucket)."""
         fam = self.FAMILY
         self.spec, interpret = kernel_spec(fam.name, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
-                                           opts.softcap, packed)
+                                           opts.softcap, packed, self.KERNEL)
         self.module = loader.load(self.spec)
         self.device_class = dispatch.device_class(q.device, interpret)
         self.bucket = d.bucket

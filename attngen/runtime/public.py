@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from attngen.families.decode import MAX_SPLITS
-from attngen.runtime import api, dispatch, kvcache, ops, validate
+from attngen.runtime import api, dispatch, fp8, kvcache, ops, validate
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -21,7 +21,8 @@ def _wants_grad(q, k, v) -> bool:
 
 
 def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-              layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right"):
+              layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right",
+              precision=None, rotate=True):
     """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
@@ -31,7 +32,15 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     "top_left" (SDPA) places the diagonal when Sq != Sk. deterministic=True makes the backward
     bitwise reproducible (dQ in its own pass instead of atomics). CPU tensors run through Triton's
     interpreter (slow; for tests). Works under torch.compile(fullgraph=True) and CUDA graphs.
+    precision="fp8" (inference only, sm89 / sm90): Q, K and V are quantized to e4m3 inside the call
+    (per block of 128 rows; with rotate=True Q and K first get the same random Hadamard rotation,
+    which spreads outlier features before quantization) and the fp8 kernels run; the output keeps
+    q's dtype.
     """
+    if precision is not None and fp8.check_precision(precision, rotate):
+        validate.check_dense(q, k, v, layout)
+        return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse,
+                         rotate)
     compiling = torch.compiler.is_compiling()
     if not compiling:
         try:  # the fast path: a warm call is this lookup, two allocations and the launches
@@ -87,12 +96,16 @@ class _EagerAttention(torch.autograd.Function):
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-                     return_lse=False, deterministic=False, causal_alignment="bottom_right"):
+                     return_lse=False, deterministic=False, causal_alignment="bottom_right",
+                     precision=None, rotate=True):
     """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
-    fp32 logsumexp (Hq, total_q). Differentiable."""
+    fp32 logsumexp (Hq, total_q). Differentiable (precision="fp8": inference only, as attention())."""
     validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if precision is not None and fp8.check_precision(precision, rotate):
+        return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, "packed", return_lse,
+                         rotate, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
     if torch.compiler.is_compiling():
         out, lse = ops.attention_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -137,3 +150,46 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
                                         num_splits)
     return (out, lse) if return_lse else out
+
+
+def _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate,
+              cu_q=None, cu_k=None, max_q=0, max_k=0, descales=None, out_dtype=None):
+    """The fp8 family's call (attention / attention_varlen with precision="fp8", attention_fp8)."""
+    fp8.no_grad_check(q, k, v)
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    if torch.compiler.is_compiling():
+        out, lse = ops.attention_fp8(q, k, v, descales, cu_q, cu_k, max_q, max_k, opts, rotate, out_dtype)
+    else:
+        out, lse = fp8.fp8_impl(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype)
+    return (out, lse) if return_lse else out
+
+
+def attention_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None, *, causal=False,
+                  window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd", return_lse=False,
+                  causal_alignment="bottom_right", out_dtype=torch.bfloat16):
+    """Attention on tensors already in fp8 (torch.float8_e4m3fn), inference only (sm89 / sm90, or the
+    CPU interpreter): real values are q * q_descale, k * k_descale, v * v_descale.
+
+    q (B, Hq, S, D), k / v (B, Hkv, S, D) with layout="bhsd" ((B, S, H, D) with "bshd"); the head
+    dim of q and k a multiple of 16, contiguous. Descales fp32 (None = 1): (B, Hkv) as
+    FlashAttention-3 (q's shared by the query heads of a KV group), (B, H) per head, or
+    (B, H, ceil(S / 128)) per block of 128 rows; k_descale and v_descale of the same form. V is
+    copied transposed (keys contiguous, the operand layout of Hopper's fp8 P.V) in each call;
+    no rotation is applied (rotate Q and K yourself, with the same orthogonal matrix, before
+    quantizing). Returns out (out_dtype, bf16 by default) in q's layout, and with return_lse the
+    fp32 logsumexp (B, Hq, Sq). Works under torch.compile(fullgraph=True).
+    """
+    fp8.check_quantized(q, k, v, layout)
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"out_dtype: must be torch.bfloat16 or torch.float16, got {out_dtype!r}")
+    qv, kv, _ = validate.dense_views(q, k, v, layout)
+    (B, hq, sq, _), (hkv, sk) = qv.shape, kv.shape[1:3]
+    descales = (fp8.descale_views("q_descale", q_descale, B, hq, hkv, sq, q.device),
+                fp8.descale_views("k_descale", k_descale, B, hkv, hkv, sk, q.device),
+                fp8.descale_views("v_descale", v_descale, B, hkv, hkv, sk, q.device))
+    if descales[1].stride() != descales[2].stride() or descales[1].shape != descales[2].shape:
+        raise ValueError(f"v_descale: of shape {tuple(descales[2].shape)} / strides {descales[2].stride()}, "
+                         f"k_descale's view is {tuple(descales[1].shape)} / {descales[1].stride()}: give both "
+                         "in the same form (contiguous)")
+    return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, False,
+                     descales=descales, out_dtype=out_dtype)

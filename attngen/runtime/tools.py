@@ -9,7 +9,7 @@ import torch
 
 from attngen.configs import pointer_bwd_config
 from attngen.devices import describe
-from attngen.runtime import api, dispatch, public, validate
+from attngen.runtime import api, dispatch, fp8, public, validate
 
 
 def _launched(launches) -> list[dict]:
@@ -29,9 +29,11 @@ def _launched(launches) -> list[dict]:
 
 def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
             causal_alignment="bottom_right", deterministic=False, cu_seqlens_q=None,
-            cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0) -> dict:
+            cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0, precision=None,
+            rotate=True) -> dict:
     """What attngen.attention(q, k, v, **same options) would run, without running it; with
-    cu_seqlens_q / cu_seqlens_k (and max_seqlen_*) what attngen.attention_varlen would run."""
+    cu_seqlens_q / cu_seqlens_k (and max_seqlen_*) what attngen.attention_varlen would run;
+    precision="fp8": the fp8 family's prologue and kernel (no backward)."""
     packed = cu_seqlens_q is not None or cu_seqlens_k is not None
     if packed:
         validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
@@ -39,6 +41,11 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     else:
         validate.check_dense(q, k, v, layout)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    if precision is not None and fp8.check_precision(precision, rotate):
+        plan = fp8.Fp8Plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           rotate=rotate, out_dtype=q.dtype)
+        return {**_summary(plan, opts, layout), "precision": "fp8", "rotate": rotate,
+                "backward": None}
     plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             if packed else api.forward_plan(q, k, v, opts))
     bwd_spec = plan.spec.replace(family=api.BWD.name)
@@ -50,6 +57,20 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     if bwd_cfg.tma and api.host_bound(plan.bucket) and bwd_source != "forced":  # as BackwardPlan does
         bwd_cfg = pointer_bwd_config(bwd_cfg)
         bwd_source += " (pointer kernels: a host-bound shape)"
+    return {
+        **_summary(plan, opts, layout), "precision": dispatch.DTYPE_NAMES[q.dtype],
+        # the decode family (a short query on a long KV): slices of the key axis per (batch row,
+        # KV head) and keys per slice, from shapes only
+        **({"splits": {"num_splits": plan.num_splits, "split_len": plan.split_len}}
+           if plan.spec.family == "decode" else {}),
+        "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
+                     "config": bwd_cfg.as_dict(), "config_source": bwd_source,
+                     "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
+    }
+
+
+def _summary(plan, opts, layout: str) -> dict:
+    """What explain() says of any family's plan: kernel, config and where it came from, launches."""
     launched = _launched(plan.launches_spec)
     why = ("the tuning database's winner for this kernel, device class and bucket (or its nearest "
            "tuned bucket)" if plan.config_source.startswith("tuned") else
@@ -66,16 +87,12 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
         "device": describe(plan.device_class),
         "bucket": plan.bucket.key, "config": plan.config.as_dict(), "config_source": plan.config_source,
         "why": why, **({"tuned_in": tuned_in} if tuned_in else {}),
-        "launches": launched, "programs": launched[0]["programs"] if launched else 0,
+        # programs of the family's main kernel (the fp8 prologue's launches come first)
+        "launches": launched,
+        "programs": next((r["programs"] for r in launched if r["entry"] == plan.FAMILY.kernels[0]),
+                         launched[0]["programs"] if launched else 0),
         "offsets_64bit": any(r["offsets_64bit"] for r in launched), "mask": opts.mask,
         "layout": layout,
-        # the decode family (a short query on a long KV): slices of the key axis per (batch row,
-        # KV head) and keys per slice, from shapes only
-        **({"splits": {"num_splits": plan.num_splits, "split_len": plan.split_len}}
-           if plan.spec.family == "decode" else {}),
-        "backward": {"kernel": bwd_spec.uri, "file": str(bwd_mod.__file__),
-                     "config": bwd_cfg.as_dict(), "config_source": bwd_source,
-                     "deterministic_dq": bool(deterministic or not bwd_cfg.atomic_dq)},
     }
 
 

@@ -18,15 +18,15 @@ def _fail(msg: str) -> None:
     raise ValueError(msg)
 
 
-def check_tensors(named: dict[str, torch.Tensor], ndim: int, shape_doc: str) -> torch.dtype:
-    """Common checks: tensors, same dtype (fp16/bf16), same device, rank."""
+def check_tensors(named: dict[str, torch.Tensor], ndim: int, shape_doc: str, dtypes=None) -> torch.dtype:
+    """Common checks: tensors, same dtype (fp16/bf16, or one of `dtypes`), same device, rank."""
     dtype = device = None
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             _fail(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype not in dispatch.DTYPE_NAMES:
-            _fail(f"{name}: unsupported dtype {t.dtype} (attngen kernels take torch.float16 or "
-                  f"torch.bfloat16)")
+        if t.dtype not in (dtypes or dispatch.DTYPE_NAMES):
+            _fail(f"{name}: unsupported dtype {t.dtype} (this entry point takes "
+                  f"{' or '.join(str(d) for d in (dtypes or dispatch.DTYPE_NAMES))})")
         if t.dim() != ndim:
             _fail(f"{name}: expected {ndim} dims {shape_doc}, got shape {tuple(t.shape)}")
         if dtype is None:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from attngen.spec.model import (ALIGNMENTS, DTYPES, FAMILIES, IMPLEMENTED_DTYPES, INNER_MASKS, MASKS,
+from attngen.spec.model import (ALIGNMENTS, DTYPES, ENTRY_FAMILIES, FP8_FAMILIES, IMPLEMENTED_DTYPES, INNER_MASKS, MASKS,
                                 MAX_HEAD_DIM, MIN_HEAD_DIM, TARGETS, SpecEntry, SpecError, SpecFile,
                                 _NAME_RE, _is_int, _is_num)
 
@@ -31,7 +31,7 @@ _ENTRY_FIELDS = {
     "causal_alignment": "bottom_right | top_left",
     "softcap": "tanh softcap value, 0 = off",
     "softmax_scale": "softmax scale, null = 1/sqrt(head_dim_qk)",
-    "dtypes": "fp16 | bf16, or a list (fp8_e4m3 is reserved: rejected until fp8 kernels exist)",
+    "dtypes": "fp16 | bf16 | fp8_e4m3, or a list (fp8_e4m3: sm90 only, forward only: inference kernels with fp8 operands)",
     "targets": "sm80 | sm90, or a list",
     "families": "fwd | bwd | decode, or a list (decode: split-KV kernels for short queries on a KV cache; document entries get none)",
 }
@@ -188,17 +188,17 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
         else:
             scale = float(v)
 
-    # fp8_e4m3 is parsed (so that it gets its own message below) but not offered in hints
     dtypes = e.choices("dtypes", DTYPES, None, offered=IMPLEMENTED_DTYPES)
     targets = e.choices("targets", TARGETS, None)
-    families = e.choices("families", FAMILIES, DEFAULT_FAMILIES)
-    for dtype in dtypes or ():
-        if dtype not in IMPLEMENTED_DTYPES:
-            e.bad("dtypes", f"{dtype}: fp8 kernels are not implemented yet "
-                  f"(implemented: {', '.join(IMPLEMENTED_DTYPES)})")
+    families = e.choices("families", ENTRY_FAMILIES, DEFAULT_FAMILIES)
     if dtypes and targets and "fp8_e4m3" in dtypes and "sm80" in targets:
         e.bad("dtypes", "fp8_e4m3 needs target sm90 only (sm80 has no fp8 tensor cores); "
               "split the entry or drop sm80 from targets")
+    if dtypes and "fp8_e4m3" in dtypes and "families" in raw and families:
+        no_fp8 = [f for f in families if f not in FP8_FAMILIES]
+        if no_fp8:
+            e.bad("families", f"{', '.join(no_fp8)}: fp8_e4m3 kernels are forward-only (inference); "
+                  "give fp8_e4m3 an entry of its own with families: fwd (or leave families out)")
     if len(problems) > start:
         return None
     return SpecEntry(name=name, source=path, head_dim_qk=hd_qk, head_dim_v=hd_v, gqa_ratio=gqa,

@@ -16,8 +16,12 @@ INNER_MASKS = ("none", "causal", "sliding_window")  # what a KernelSpec's mask c
 ALIGNMENTS = ("bottom_right", "top_left")
 DTYPES = ("fp16", "bf16", "fp8_e4m3")
 TARGETS = ("sm80", "sm90")
-FAMILIES = ("fwd", "bwd", "decode")
-IMPLEMENTED_DTYPES = ("fp16", "bf16")  # fp8 kernels arrive with the FP8 family
+# kernel families; a spec file's `families:` names the first three, fp8_e4m3 entries get fwd_fp8
+# (the forward with fp8 operands, attngen.families.fwd_fp8) for their "fwd"
+FAMILIES = ("fwd", "bwd", "decode", "fwd_fp8")
+ENTRY_FAMILIES = ("fwd", "bwd", "decode")
+FP8_FAMILIES = {"fwd": "fwd_fp8"}  # what an fp8_e4m3 entry's family becomes (the others have none)
+IMPLEMENTED_DTYPES = DTYPES
 MAX_HEAD_DIM = 256
 MIN_HEAD_DIM = 8  # any head dim from 8 to 256: tiles pad to a power of two >= 16
 
@@ -36,7 +40,7 @@ class SpecError(ValueError):
 class KernelSpec:
     """One concrete kernel. Equal specs generate byte-identical code."""
 
-    family: str  # "fwd" | "bwd" | "decode"
+    family: str  # "fwd" | "bwd" | "decode" | "fwd_fp8"
     dtype: str  # "fp16" | "bf16" | "fp8_e4m3"
     target: str  # "sm80" | "sm90"
     head_dim_qk: int
@@ -59,7 +63,9 @@ class KernelSpec:
         mask = {"none": "full", "causal": "causal", "sliding_window": "swa"}[self.mask]
         if self.varlen:
             mask = f"doc_{mask}"
-        parts = ["attn", self.family, self.dtype, hd, f"gqa{self.gqa_ratio}", mask]
+        # fwd_fp8 kernels: attn_fwd_fp8_e4m3_..., not attn_fwd_fp8_fp8_e4m3_...
+        dtype = self.dtype.removeprefix("fp8_") if self.family.endswith("_fp8") else self.dtype
+        parts = ["attn", self.family, dtype, hd, f"gqa{self.gqa_ratio}", mask]
         if self.softcap:
             parts.append("softcap")
         parts.append(self.target)
@@ -123,6 +129,8 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
         p.append(f"mask must be one of {INNER_MASKS}, got {k.mask!r}")
     if k.dtype == "fp8_e4m3" and k.target == "sm80":
         p.append("fp8_e4m3 needs target sm90 (sm80 has no fp8 tensor cores)")
+    if (k.family == "fwd_fp8") != (k.dtype == "fp8_e4m3") and k.family in FAMILIES and k.dtype in DTYPES:
+        p.append(f"family fwd_fp8 and dtype fp8_e4m3 go together (got {k.family} / {k.dtype})")
     return p
 
 
@@ -155,9 +163,12 @@ class SpecEntry:
             if family == "decode" and self.mask == "document":
                 continue  # decoding reads a KV cache, never packed documents
             for dtype in self.dtypes:
+                kind = FP8_FAMILIES.get(family) if dtype == "fp8_e4m3" else family
+                if kind is None:
+                    continue  # fp8 kernels are forward-only (a default family list keeps bwd for the others)
                 for target in self.targets:
                     out.append(KernelSpec(
-                        family=family, dtype=dtype, target=target, head_dim_qk=self.head_dim_qk,
+                        family=kind, dtype=dtype, target=target, head_dim_qk=self.head_dim_qk,
                         head_dim_v=self.head_dim_v, gqa_ratio=self.gqa_ratio, mask=inner,
                         softcap=self.softcap > 0, varlen=self.mask == "document"))
         return out

@@ -2,8 +2,8 @@
 it. The tuner's objective.
 
 Nothing here knows a family: inputs, launches, the reference, the accuracy check and the throughput
-(TFLOP/s, or GB/s for decode) come from the family's tuning hooks (attngen/families/<name>.py,
-TuningHooks), so a new family tunes without an edit here.
+(TFLOP/s, or GB/s for decode) come from the family's tuning hooks (Family.hooks: attngen/families/
+<name>.py, or a sibling such as fwd_tuning.py; TuningHooks), so a new family tunes without an edit here.
 
 A config's fate, recorded by the tuner as the trial's status:
   invalid  the family's validity filter rejects it: never compiled
@@ -74,7 +74,9 @@ def problem_for(entry: SpecEntry, spec: KernelSpec, bucket: ShapeBucket) -> Prob
         causal, window = inner == "causal", (-1, -1)
     p = Problem(batch=batch, heads_q=heads, heads_kv=heads // gqa, seqlen_q=bucket.seqlen_q,
                 seqlen_k=bucket.seqlen_k, head_dim_qk=spec.head_dim_qk, head_dim_v=spec.head_dim_v,
-                dtype=spec.dtype, causal=causal, window=window, softcap=entry.softcap,
+                # fp8 kernels take bf16 inputs and quantize them inside the measured launch
+                dtype="bf16" if spec.dtype == "fp8_e4m3" else spec.dtype, causal=causal, window=window,
+                softcap=entry.softcap,
                 scale=entry.softmax_scale or 1.0 / math.sqrt(spec.head_dim_qk),
                 top_left=entry.causal_alignment == "top_left",
                 layout="packed" if spec.varlen else "bshd" if spec.family == "decode" else "bhsd")

@@ -13,7 +13,7 @@ names (what Triton applies: it tests each parameter for membership and ignores o
 Everything else -- every statement of every kernel, the decorators' kind, the signatures' names,
 order and annotations -- must be token-identical, with one allowance: the GQA ratio, a literal in
 the base's kernels, is now the constexpr parameter GQA (Triton specializes a constexpr, so the
-compiled kernel is the same). In this tree's modules the tokens `GQA: tl.constexpr,` (or gl.) and
+compiled kernel is the same). In the modules (this tree's, and a base's that has GQA_RATIO) the tokens `GQA: tl.constexpr,` (or gl.) and
 `GQA,` as an argument are dropped and every other `GQA` reads as the module's GQA_RATIO. Exit
 status 1 on a difference (printed with the first differing tokens), on a kernel missing on either
 side, or on an extra one.
@@ -110,9 +110,14 @@ def normalized(source: str, inline: dict[str, str] | None = None) -> tuple[list[
     return out, {name: names for name, (names, _) in dns.items()}
 
 
+def _gqa_inline(source: str) -> dict[str, str] | None:
+    ratio = next((ln.split(" = ", 1)[1] for ln in source.splitlines() if ln.startswith("GQA_RATIO = ")), None)
+    return {"GQA": ratio} if ratio else None
+
+
 def compare(old: str, new: str) -> str | None:
-    ratio = next((ln.split(" = ", 1)[1] for ln in new.splitlines() if ln.startswith("GQA_RATIO = ")), None)
-    (ot, od), (nt, nd) = normalized(old), normalized(new, {"GQA": ratio} if ratio else None)
+    # both sides: a base made after GQA became a constexpr carries it too
+    (ot, od), (nt, nd) = normalized(old, _gqa_inline(old)), normalized(new, _gqa_inline(new))
     # a constexpr is never in do_not_specialize, so the sets compare as they are
     if od != nd:
         diff = {f: (od.get(f), nd.get(f)) for f in set(od) | set(nd) if od.get(f) != nd.get(f)}

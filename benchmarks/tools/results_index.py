@@ -29,6 +29,7 @@ KINDS = [  # filename pattern -> what such a file shows
     ("h200_launch_overhead*", "host time per call (benchmarks/launch_overhead.py)"),
     ("h200_edges*", "edge shapes: long sequences, many documents (benchmarks/edges_bench.py)"),
     ("cpu_*", "CPU-side measurement (interpreter noise, CPU test runs)"),
+    ("fp8_accuracy*", "fp8 accuracy report: RMSE against float64 on outlier inputs (`attngen bench --mode fp8 --accuracy`)"),
     ("*", "H200 measurement"),
 ]
 
@@ -40,7 +41,7 @@ def citations() -> dict[str, list[str]]:
         for p in REPO.glob(pattern):
             if "results" not in p.parts:
                 texts[str(p.relative_to(REPO))] = p.read_text(errors="ignore")
-    tokens = re.compile(r"[\w.*…{},-]*(?:h200|cpu|gpu)_[\w.*…{},-]+")
+    tokens = re.compile(r"[\w.*…{},-]*(?:h200|cpu|gpu|fp8)_[\w.*…{},-]+")
     pats = set()
     for doc, text in texts.items():
         for tok in tokens.findall(text):

@@ -424,22 +424,23 @@ def test_sm90_modules_add_the_tma_kernels_and_nothing_fuses_across_them():
 # what validates but cannot be rendered yet
 
 
-def test_fp8_stops_at_the_spec_check_and_render_refuses_it_too(tmp_path):
+def test_fp8_entry_builds_the_fp8_forward(tmp_path):
     path = tmp_path / "fp8.yaml"
-    path.write_text("kernels:\n  - {name: f8, head_dim: 128, gqa_ratio: 4, mask: causal, "
-                    "dtypes: fp8_e4m3, targets: sm90, families: fwd}\n")
+    path.write_text("kernels:\n  - {name: f8, head_dim: 80, gqa_ratio: 4, mask: causal, "
+                    "dtypes: fp8_e4m3, targets: sm90}\n")
     out = tmp_path / "gen"
-    with pytest.raises(SpecError) as info:
-        build([path], out_dir=out)
-    assert info.value.problems == [f"{path}: kernel 'f8' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels "
-                                   "are not implemented yet (implemented: fp16, bf16)"]
-    assert not out.exists()
-    # a KernelSpec made in code, past the spec check, still cannot be rendered
-    with pytest.raises(CodegenError) as info:
-        render(spec(dtype="fp8_e4m3", target="sm90"))
-    assert str(info.value) == ("attn_fwd_fp8_e4m3_hd128_gqa2_causal_sm90: fp8_e4m3 kernels are not "
-                               "implemented yet (implemented: fp16, bf16)")
-
+    build([path], out_dir=out)
+    files = sorted(p.name for p in out.glob("*.py"))
+    assert len(files) == 1 and files[0].startswith("attn_fwd_fp8_e4m3_hd80_gqa4_causal_sm90_"), files
+    src = (out / files[0]).read_text()
+    assert "ROT_BLOCKS = ((0, 64), (64, 16), )" in src and "QK_WIDTH = 80" in src
+    # the rotation's code is in the Q / K prologue only
+    fns = {n.name: ast.unparse(n) for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
+    assert "_fwht" in fns["_fp8_quant_qk"] and "_fwht" not in fns["_fp8_quant_v"]
+    assert "float8e4nv" in fns["_attn_fwd_fp8_inner"]
+    # a KernelSpec of another family cannot say fp8
+    with pytest.raises(ValueError, match="go together"):
+        spec(dtype="fp8_e4m3", target="sm90")
 
 def test_family_without_template_is_a_codegen_error(tmp_path):
     root = tmp_path / "templates"

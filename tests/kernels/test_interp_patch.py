@@ -61,3 +61,43 @@ def test_patched_descriptor_reduce_adds_and_clips():
     _reduce_add[(3,)](TensorDescriptor(acc, [20, 32], [32, 1], [16, 32]), x, 16, 32)
     torch.testing.assert_close(acc[12:], 1.0 + 3 * x[:8])
     assert (acc[:12] == 1.0).all()
+
+
+@triton.jit
+def _to_e4m3_kernel(X, Y, N: tl.constexpr):
+    r = tl.arange(0, N)
+    tl.store(Y + r, tl.load(X + r).to(tl.float8e4nv))
+
+
+def _e4m3(x):
+    y = torch.empty(x.numel(), dtype=torch.float8_e4m3fn)
+    _to_e4m3_kernel[(1,)](x, y, N=x.numel())
+    return y.float()
+
+
+# 1.95 and 100 round up past their mantissa's last value (carry into the exponent); 1.0625 and
+# 1.1875 are ties (nearest even: 1.0 and 1.25); 500 and -1e4 saturate at 448; 0.0013 is subnormal
+E4M3_CASES = torch.tensor([1.95, 100.0, 1.0625, 1.1875, 500.0, -1e4, 0.0013, -3.3, 0.0, 448.0, 240.0,
+                           17.0, -0.3, 2.0 ** -10, 1e-3, 7.5])
+
+
+def test_unpatched_fp8_downcast_is_wrong(monkeypatch):
+    from triton.runtime import interpreter as ti
+
+    interp.patch_interpreter()
+    monkeypatch.setattr(ti.InterpreterBuilder, "create_fp_to_fp", interp.ORIGINAL_FP_TO_FP)
+    got = _e4m3(E4M3_CASES)
+    assert got[0] == 1.0 and got[1] == 104.0, \
+        f"Triton's interpreter now rounds fp32 -> e4m3 differently ({got[:2].tolist()}): recheck attngen.interp's patch"
+
+
+def test_patched_fp8_downcast_rounds_to_nearest_even_and_saturates():
+    interp.patch_interpreter()
+    got = _e4m3(E4M3_CASES)
+    want = E4M3_CASES.clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    assert torch.equal(got, want), (got, want)
+    assert got[:6].tolist() == [2.0, 96.0, 1.0, 1.25, 448.0, -448.0]
+    x = torch.randn(4096) * torch.logspace(-3, 3, 4096)  # every exponent, random mantissas
+    assert torch.equal(_e4m3(x), x.clamp(-448, 448).to(torch.float8_e4m3fn).float())
+    xh = x.clamp(-60000, 60000).half()  # an fp16 source takes the same path
+    assert torch.equal(_e4m3(xh), xh.float().clamp(-448, 448).to(torch.float8_e4m3fn).float())

@@ -197,3 +197,28 @@ def test_decode_objective_measures_gb_per_second(monkeypatch):
     monkeypatch.setattr(fdec, "decode_launches", drop_a_split)
     bad = o.run(DecodeConfig(32, 4, 1, 2))
     assert bad.status == "failed" and "non-finite" in bad.error, bad
+
+
+def test_fp8_objective_quantizes_inside_the_trial(monkeypatch):
+    """The fp8 family tunes through its own hooks: bf16 inputs quantized by the prologue inside the
+    timed launch, the flash-attn rule against its PyTorch emulation; a wrong output is a failed
+    trial, a config its filter rejects is never launched."""
+    from attngen.families import fwd_fp8 as f8
+
+    e, s = entry_and_spec("llama.yaml", "llama3_8b_fp8", family="fwd_fp8", dtype="fp8_e4m3")
+    p = obj.problem_for(e, s, parse_bucket("q64_k64_bh8"))
+    assert p.dtype == "bf16" and p.causal
+    o = obj.Objective(s, p, "cpu", timer=fixed_timer())
+    assert o.unit == "TFLOP/s"
+    assert o.run(f8.Fp8Config(32, 32, 4, 1)).status == "ok"
+    assert o.run(f8.Fp8Config(32, 32, 4, 1, precise_acc=True)).status == "ok"
+    assert o.run(f8.Fp8Config(256, 32, 4, 1)).status == "invalid"
+    from attngen.families import fwd_fp8_tuning as f8t
+
+    real = f8t.fp8_launches
+
+    def scaled_wrong(mod, spec, q8, k8, vt, qs, ks, vs, *rest, **kw):
+        return real(mod, spec, q8, k8, vt, qs * 1.05, ks, vs, *rest, **kw)  # a Q descale 5 % off
+    monkeypatch.setattr(f8t, "fp8_launches", scaled_wrong)
+    bad = o.run(f8.Fp8Config(32, 32, 4, 1))
+    assert bad.status == "failed" and "wrong result" in bad.error, bad

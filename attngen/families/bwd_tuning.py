@@ -1,0 +1,50 @@
+"""The backward family's tuning hooks: the forward's inputs plus what the backward needs, its
+launch, the float64 gradients as reference and the accuracy check (attngen.tuning.objective calls
+them). The family record (attngen.families.bwd.FAMILY) names this module; the runtime never loads
+it."""
+
+from __future__ import annotations
+
+from attngen.families import bwd as _bwd
+from attngen.families import fwd as _fwd
+from attngen.families import fwd_tuning as _fwd_tuning
+
+
+class TuningHooks(_fwd_tuning.TuningHooks):
+    """The forward's inputs plus dO, O and LSE (by the forward kernel with its default config) and
+    the gradients' buffers; the reference is the float64 gradients (flash-attn rule, factor 3)."""
+
+    factor = 3.0
+    outputs = ("dq", "dk", "dv")
+
+    def inputs(self, obj, seed: int) -> dict:
+        import torch
+
+        t = super().inputs(obj, seed)
+        g = torch.Generator(device=obj.device).manual_seed(2000 + seed)
+        t["dout"] = torch.randn(t["out"].shape, generator=g, device=obj.device).to(obj.dtype)
+        t["dq"], t["dk"], t["dv"] = (torch.empty_like(t[n]) for n in ("q", "k", "v"))
+        fwd_spec = obj.spec.replace(family="fwd")
+        cfg = _fwd.FAMILY.default(fwd_spec, obj.kind, obj.problem.seqlen_q)
+        _fwd_tuning.TuningHooks.launch(self, obj, cfg, t, obj.load(fwd_spec), fwd_spec)
+        return t
+
+    def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:
+        p, s = obj.problem, obj.spec
+        if s.varlen:
+            _bwd.attn_bwd_varlen(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"],
+                                 t["dv"], t["cu_q"], t["cu_k"], p.seqlen_q, p.seqlen_k, obj.mask, cfg, False)
+        else:
+            _bwd.attn_bwd(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], t["dq"], t["dk"], t["dv"],
+                          obj.mask, cfg, False)
+
+    def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+        from attngen.problem import gradient_chunk
+
+        return gradient_chunk(obj.problem, v, hs, g, keep, rows, kw)
+
+    def check(self, obj, name: str, t: dict, ref: dict) -> None:
+        from attngen.testing import assert_flash_rule
+
+        for n in ("dq", "dk", "dv"):
+            assert_flash_rule(f"{name} {n}", t[n], ref[f"{n}64"], ref[f"{n}_pt"], self.factor, 1e-5)

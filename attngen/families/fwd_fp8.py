@@ -1,0 +1,436 @@
+"""The fp8 forward family (`fwd_fp8`, templates/attn_fwd_fp8.py.jinja): attention with e4m3
+operands on sm90, inference only. Its launch config, validity filter, search space, defaults,
+the values its template needs (rotation blocks, tiles), its launches (quantization prologue and
+attention), the random signs of the rotation, its tuning hooks and its Family record.
+
+A call quantizes Q, K and V in blocks of SCALE_BLOCK rows per head (one fp32 descale per block),
+Q and K after the same random orthogonal rotation M = diag(s) H / sqrt(w) per diagonal block of
+the head dim (incoherent processing: (QM)(KM)^T = QK^T, and an outlier feature is spread over all
+features before quantization), V transposed (keys contiguous) for the P.V product. Head dims that
+are not a power of two (after rounding up to 16) use a block-diagonal Hadamard: its blocks are the
+binary decomposition (80 = 64 + 16, 96 = 64 + 32, 192 = 128 + 64), so the rotation mixes only real
+columns and zero padding up to the next multiple of 16.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from types import ModuleType
+
+from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, next_pow2, require_valid
+from attngen.kernels.common import MaskArgs
+from attngen.kernels.launch import Launch, has_entry, lse_strides, needs_int64, programs, strides4, tma_descriptors
+from attngen.spec import KernelSpec
+
+PROLOGUE = ("_fp8_quant_qk", "_fp8_quant_v")  # quant_launches' entry points (the Family lists fp8_launches')
+SCALE_BLOCK = 128  # rows per quantization block (Q, K and V): a tile's BLOCK_M / BLOCK_N divide it
+ROTATION_SEED = 0  # the default seed of the random signs
+E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class Fp8Config:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # the fp8 dots' partial sums promoted to fp32 after every 32 products (max_num_imprecise_acc=32)
+    # instead of summed at the tensor cores' reduced precision over the whole dot (Triton's sm90
+    # default); either way the sum over key blocks is fp32
+    precise_acc: bool = False
+    # the warp-specialized Gluon kernel _attn_fwd_fp8_ws (ws_fp8 specs, dense calls on a GPU): 1 or
+    # 2 consumer warp groups of 64 query rows (block_m = 64 x consumers, num_warps = 4), a ring of
+    # num_stages K / V^T buffers filled by one producer warp (check_ws_fp8). 0: the Triton kernel
+    consumers: int = 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def qk_width(spec: KernelSpec) -> int:
+    """Head dim of the fp8 Q and K: head_dim_qk rounded up to 16 (rows 16-byte aligned)."""
+    return -(-spec.head_dim_qk // 16) * 16
+
+
+def rotation_blocks(width: int) -> tuple[tuple[int, int], ...]:
+    """(offset, width) of the block-diagonal Hadamard over `width` columns (a multiple of 16): its
+    binary decomposition, largest block first."""
+    out, off = [], 0
+    for b in range(width.bit_length() - 1, -1, -1):
+        if width & (1 << b):
+            out.append((off, 1 << b))
+            off += 1 << b
+    return tuple(out)
+
+
+def _tile(width: int, used: int) -> dict:
+    return {"sfx": "", "off": 0, "width": width, "used": used}
+
+
+def context(spec: KernelSpec) -> dict:
+    """What templates/attn_fwd_fp8.py.jinja reads beyond the common context."""
+    w = qk_width(spec)
+    blocks = rotation_blocks(w)
+    return {
+        "qk_width": w,
+        "rot_blocks": blocks,
+        "quant_qk_blocks": [(off, bw, spec.head_dim_qk) for off, bw in blocks],
+        "quant_v_blocks": [(0, max(16, next_pow2(spec.head_dim_v)), spec.head_dim_v)],
+        # an fp8 dot steps 32 along its contraction: tiles at least 32 wide
+        "fp8_qk_tiles": [_tile(max(32, next_pow2(w)), w)],
+        "fp8_v_tiles": [_tile(max(32, next_pow2(spec.head_dim_v)), spec.head_dim_v)],
+        "scale_block": SCALE_BLOCK,
+        "ws_fp8": ws_fp8(spec),
+    }
+
+
+def smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """Shared memory of the pipelined K / V tiles (1-byte elements) and the Q tile."""
+    ctx = context(spec)
+    dq, dv = ctx["fp8_qk_tiles"][0]["width"], ctx["fp8_v_tiles"][0]["width"]
+    return cfg.num_stages * cfg.block_n * (dq + dv) + cfg.block_m * dq
+
+
+def check_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
+    """None if `cfg` can launch `spec`'s fp8 kernels, else the reason (the tuner records it)."""
+    if spec.family != "fwd_fp8":
+        return f"an fp8 config cannot launch a {spec.family} kernel"
+    for name in ("block_m", "block_n"):
+        v = getattr(cfg, name)
+        if not _pow2(v) or not 16 <= v <= SCALE_BLOCK:
+            return f"{name} must be a power of two from 16 to {SCALE_BLOCK} (a tile reads one descale)"
+    if cfg.precise_acc and cfg.block_n < 32:
+        return "precise_acc promotes every 32 products: block_n must be at least 32"
+    if cfg.num_warps not in (2, 4, 8):
+        return "num_warps must be 2, 4 or 8"
+    if not 1 <= cfg.num_stages <= 6:
+        return "num_stages must be 1 to 6"
+    if cfg.consumers:
+        return check_ws_fp8(spec, cfg)
+    need = smem_bytes(spec, cfg)
+    if need > SMEM_LIMIT[spec.target]:
+        return f"needs ~{need} B of shared memory (limit {SMEM_LIMIT[spec.target]})"
+    return None
+
+
+SPACE: dict[str, tuple] = {
+    "block_m": (64, 128),
+    "block_n": (32, 64, 128),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4),
+    "precise_acc": (False, True),
+    "consumers": (0, 1, 2),  # the Gluon kernel (check_ws_fp8 keeps its 64-row warp groups)
+}
+
+
+def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
+    """The Gluon kernel where it exists and won (ws_fp8_preferred), else the Triton kernel's."""
+    if device_kind != "cpu" and ws_fp8_preferred(spec):
+        return ws_fp8_default(spec)
+    return triton_fp8_config(spec, device_kind)
+
+
+def variants(spec: KernelSpec) -> dict[str, bool]:
+    """The optional kernels of `spec`'s module: the warp-specialized Gluon kernel."""
+    return {"ws": ws_fp8(spec)}
+
+
+@functools.lru_cache(maxsize=64)
+def _signs_cpu(width: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2, (width,), generator=g) * 2 - 1).float()
+
+
+_SIGNS: dict = {}
+
+
+def signs(width: int, seed: int, device):
+    """The rotation's random signs (width,) fp32 +-1 for `seed`, one copy per device."""
+    key = (width, seed, str(device))
+    t = _SIGNS.get(key)
+    if t is None:
+        t = _SIGNS[key] = _signs_cpu(width, seed).to(device)
+    return t
+
+
+def buffers(spec: KernelSpec, q, k, v, packed: bool, max_q: int = 0, max_k: int = 0, cu_q=None):
+    """Shapes of a call's fp8 tensors and descales: {name: (shape, 'fp8' | 'fp32')}. Dense q
+    (B, Hq, Sq, D) views; packed q (Tq, Hq, D). V^T's keys are padded to a multiple of 16."""
+    w = qk_width(spec)
+    if packed:
+        docs = cu_q.numel() - 1
+        tq, hq = q.shape[0], q.shape[1]
+        tk, hkv = k.shape[0], k.shape[1]
+        nq, nk = -(-max(max_q, 1) // SCALE_BLOCK), -(-max(max_k, 1) // SCALE_BLOCK)
+        return {"Q8": ((tq, hq, w), "fp8"), "K8": ((tk, hkv, w), "fp8"),
+                "Vt": ((hkv, v.shape[2], -(-tk // 16) * 16), "fp8"),
+                "QScale": ((docs, hq, nq), "fp32"), "KScale": ((docs, hkv, nk), "fp32"),
+                "VScale": ((docs, hkv, nk), "fp32")}
+    B, hq, sq, _ = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    nq, nk = -(-sq // SCALE_BLOCK), -(-sk // SCALE_BLOCK)
+    return {"Q8": ((B, hq, sq, w), "fp8"), "K8": ((B, hkv, sk, w), "fp8"),
+            "Vt": ((B, hkv, v.shape[3], -(-sk // 16) * 16), "fp8"),
+            "QScale": ((B, hq, max(nq, 1)), "fp32"), "KScale": ((B, hkv, max(nk, 1)), "fp32"),
+            "VScale": ((B, hkv, max(nk, 1)), "fp32")}
+
+
+def _vt_strides(vt, packed: bool) -> dict:
+    """V^T (B, H, Dv, S_pad) or packed (H, Dv, T_pad): keys contiguous."""
+    if packed:
+        return {"stride_vz": 0, "stride_vh": vt.stride(0), "stride_vk": vt.stride(1)}
+    return {"stride_vz": vt.stride(0), "stride_vh": vt.stride(1), "stride_vk": vt.stride(2)}
+
+
+def _scale_strides(prefix: str, s) -> dict:
+    return {f"stride_{prefix}sz": s.stride(0), f"stride_{prefix}sh": s.stride(1), f"stride_{prefix}sb": s.stride(2)}
+
+
+def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, cu_q=None, cu_k=None,
+                   max_q: int = 0, max_k: int = 0) -> list[Launch]:
+    """The prologue: Q and K rotated and quantized, V quantized and transposed, into `bufs`
+    (buffers()' names -> tensors); sgn: the rotation's signs (qk_width,)."""
+    packed = cu_q is not None
+    out = []
+    for x, name, cu, max_s in ((q, "q", cu_q, max_q), (k, "k", cu_k, max_k), (v, "v", cu_k, max_k)):
+        tgt = bufs["Vt" if name == "v" else name.upper() + "8"]
+        scale = bufs[name.upper() + "Scale"]
+        if packed:
+            zh, seqlen, store_len = (cu.numel() - 1) * x.shape[1], 0, 0
+            rows = max_s if x.shape[0] else 0
+            xs = (0, x.stride(1), x.stride(0), x.stride(2))
+            ys = ((0, tgt.stride(0), 1, tgt.stride(1)) if name == "v"
+                  else (0, tgt.stride(1), tgt.stride(0), tgt.stride(2)))
+        else:
+            zh, seqlen = x.shape[0] * x.shape[1], x.shape[2]
+            rows = store_len = tgt.shape[3] if name == "v" else seqlen
+            xs = x.stride()
+            ys = ((tgt.stride(0), tgt.stride(1), 1, tgt.stride(2)) if name == "v" else tgt.stride())
+        blocks = -(-rows // SCALE_BLOCK)
+        values = {
+            "X": x, "X8": tgt, "Scale": scale, "Signs": sgn, "cu_seqlens": cu,
+            "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
+            "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
+            "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
+            "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
+            "BLOCK": SCALE_BLOCK,
+        }
+        entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
+        out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, 4, 1))
+    return out
+
+
+def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
+                 cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
+                 gluon: bool | None = None) -> list[Launch]:
+    """The attention launch over fp8 tensors. Dense: q8 (B, Hq, Sq, W), k8 (B, Hkv, Sk, W), vt
+    (B, Hkv, Dv, S_pad), out (B, Hq, Sq, Dv) any strides, lse (B, Hq, Sq). Packed: q8 (Tq, Hq, W),
+    k8 (Tk, Hkv, W), vt (Hkv, Dv, T_pad), out (Tq, Hq, Dv), lse (Hq, Tq). Descales qs (B or docs,
+    Hq, blocks), ks / vs (B or docs, Hkv, blocks), the same strides for ks and vs (a 0 block stride:
+    one per head). gluon: whether the Gluon kernel may serve (cfg.consumers > 0; None: on a GPU
+    only, Triton's interpreter does not run Gluon; the compile probe says True); a call it cannot
+    take runs the Triton kernel's config ws_fallback(cfg)."""
+    require_valid(spec, cfg, check_fp8)
+    if ks.stride() != vs.stride():
+        raise ValueError(f"k and v descales need the same strides, got {ks.stride()} and {vs.stride()}")
+    packed = cu_seqlens_q is not None
+    if packed:
+        hq = q8.shape[1]
+        bh, seqlen_q, seqlen_k = (cu_seqlens_q.numel() - 1) * hq, 0, 0
+        rows = max_seqlen_q if q8.shape[0] else 0
+    else:
+        B, hq, seqlen_q, _ = q8.shape
+        seqlen_k = k8.shape[2]
+        bh, rows = B * hq, seqlen_q
+    blocks = -(-rows // cfg.block_m)
+    qk_scale, softcap_in, softcap_out = mask.score_args()
+    values = {
+        "Q": q8, "K": k8, "Vt": vt, "Out": out, "Lse": lse, "QScale": qs, "KScale": ks, "VScale": vs,
+        "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+        **strides4("q", q8, packed), **strides4("k", k8, packed), **_vt_strides(vt, packed),
+        **strides4("o", out, packed), **lse_strides(lse, packed),
+        **_scale_strides("q", qs), **_scale_strides("k", ks),
+        "num_q_heads": hq, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "num_m_blocks": blocks,
+        "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
+        "diag_offset": 0 if packed else mask.diag_offset(seqlen_q, seqlen_k),
+        "window_left": mask.window_left, "window_right": mask.window_right,
+        "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q8, k8, vt, out, lse),
+        "GQA": spec.gqa_ratio, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+        "IMPRECISE_QK": 32 if cfg.precise_acc else context(spec)["fp8_qk_tiles"][0]["width"],
+        "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n,
+    }
+    if cfg.consumers:
+        ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon)
+        if ws is not None:
+            grid, ws_values, descs = ws
+            return [Launch.of(mod, "_attn_fwd_fp8_ws", grid, ws_values, cfg.num_warps, 1, descs,
+                              maxnreg=ws_fp8_maxnreg(spec, cfg))]
+        cfg = ws_fallback(spec, cfg, "cpu" if q8.device.type == "cpu" else "cuda")
+        require_valid(spec, cfg, check_fp8)
+        blocks = -(-rows // cfg.block_m)
+        values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+    grid = programs(blocks, bh, "q") if rows and bh else 0
+    return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]
+
+
+def alloc(shapes: dict, device) -> dict:
+    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`."""
+    import torch
+
+    kinds = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32}
+    return {n: torch.empty(shape, dtype=kinds[kind], device=device) for n, (shape, kind) in shapes.items()}
+
+
+FAMILY = Family(
+    "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
+    lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
+    ("_attn_fwd_fp8", "_attn_fwd_fp8_ws"),
+    "attngen.families.fwd_fp8:fp8_launches", 1.0, ("out", "lse"), space=SPACE,
+    portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
+    hooks="attngen.families.fwd_fp8_tuning:TuningHooks", context=context)
+
+
+# ------------------------------------------------------------------------------------------------
+# the warp-specialized Gluon kernel (templates/_fp8_ws.py.jinja): which specs have it, its config
+# check, its shared memory, its launch
+
+WS_FP8_HEAD_DIMS = (64, 128, 256)  # qk_width and head_dim_v the Gluon kernel takes (one column tile)
+
+
+def ws_fp8(spec: KernelSpec) -> bool:
+    """The module gets `_attn_fwd_fp8_ws`: sm90, dense calls, no softcapping, qk_width and
+    head_dim_v in WS_FP8_HEAD_DIMS (packed documents and softcapping keep the Triton kernel)."""
+    return (spec.family == "fwd_fp8" and spec.target == "sm90" and not spec.softcap and not spec.varlen
+            and qk_width(spec) in WS_FP8_HEAD_DIMS and spec.head_dim_v in WS_FP8_HEAD_DIMS)
+
+
+# the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
+# 3-deep ring (hd256: 64-key blocks). H200, B1 H16 S16384 non-causal, attention kernel alone,
+# TFLOP/s: hd128 670 (2 stages 665, 64-key blocks 537, one consumer 649; the Triton kernel's
+# default 501), causal 660 (2 stages 676; Triton 503); hd256 858 (2 stages 834; Triton 367); hd64
+# 371-376 vs the Triton kernel's 394, so hd64 keeps the Triton kernel by default
+WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 3, consumers=2)
+WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 3, consumers=2)
+
+
+def ws_fp8_preferred(spec: KernelSpec) -> bool:
+    """The default config is the Gluon kernel's: ws_fp8 specs past hd64 (at hd64 the Triton kernel
+    was faster)."""
+    return ws_fp8(spec) and max(qk_width(spec), spec.head_dim_v) > 64
+
+
+def ws_fp8_default(spec: KernelSpec) -> Fp8Config:
+    """The Gluon kernel's config for `spec` (a ws_fp8 spec)."""
+    return WS_FP8_DEFAULT if max(qk_width(spec), spec.head_dim_v) <= 128 else WS_FP8_DEFAULT_WIDE
+
+
+def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """The Gluon kernel's shared memory: per consumer its Q8 rows (1 byte) and its O rows (2
+    bytes: O cannot reuse the fp8 Q buffer), per ring stage a K8 and a V^T block (barriers aside)."""
+    w, dv = qk_width(spec), spec.head_dim_v
+    return cfg.block_m * (w + 2 * dv) + cfg.num_stages * cfg.block_n * (w + dv)
+
+
+def check_ws_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
+    """The Gluon kernel's own constraints (cfg.consumers > 0)."""
+    if not ws_fp8(spec):
+        return ("consumers (the warp-specialized Gluon fp8 kernel) exists for sm90 dense calls without "
+                f"softcapping whose qk width and v head dim are {' or '.join(map(str, WS_FP8_HEAD_DIMS))}")
+    if cfg.consumers not in (1, 2):
+        return "consumers is 0 (the Triton kernel), 1 or 2 (consumer warp groups per program)"
+    if cfg.precise_acc:
+        return "consumers: the Gluon kernel's wgmma chains have no fp32 promotion (precise_acc is the Triton kernel's)"
+    if cfg.block_m != 64 * cfg.consumers or cfg.num_warps != 4:
+        return "consumers: each consumer is one warp group of 64 query rows (block_m = 64 x consumers, num_warps = 4)"
+    if cfg.block_n not in (64, 128):
+        return "consumers: block_n is 64 or 128"
+    if max(qk_width(spec), spec.head_dim_v) > 128 and cfg.block_n != 64:
+        return "consumers: hd256 takes block_n = 64 (a 64 x 256 fp32 accumulator leaves no registers for 128 keys)"
+    if not 2 <= cfg.num_stages <= 4:
+        return "consumers: num_stages (the K / V ring's depth) is 2 to 4"
+    need = ws_smem_bytes(spec, cfg)
+    if need > SMEM_LIMIT[spec.target]:
+        return f"consumers: needs ~{need} B of shared memory (limit {SMEM_LIMIT[spec.target]})"
+    return None
+
+
+def ws_fallback(spec: KernelSpec, cfg: Fp8Config, device_kind: str = "cuda") -> Fp8Config:
+    """The Triton kernel's config for a call the Gluon kernel cannot take (a CPU tensor, rows the
+    copy engine cannot address, packed documents): the Triton kernel's default."""
+    return triton_fp8_config(spec, device_kind)
+
+
+def triton_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
+    """The Triton kernel's default config."""
+    if device_kind == "cpu":
+        return Fp8Config(32, 32, 4, 1)
+    if qk_width(spec) > 128 or spec.head_dim_v > 128:
+        return Fp8Config(64, 64, 4, 2)
+    return Fp8Config(128, 64, 8, 3)
+
+
+def ws_fp8_maxnreg(spec: KernelSpec, cfg: Fp8Config) -> int:
+    """The Gluon kernel's launch register cap: three warp groups (two consumers take
+    WS_CONSUMER_REGS each back from the producer) or, with one consumer up to hd128, 128 so that
+    two programs share an SM (hd256's 64 x 256 accumulator needs more: WS_MAXNREG)."""
+    from attngen.families.fwd import WS_MAXNREG_ONE
+
+    if cfg.consumers == 1 and max(qk_width(spec), spec.head_dim_v) <= 128:
+        return WS_MAXNREG_ONE
+    return WS_MAXNREG
+
+
+def _fp8_gluon_layout(block: tuple, dtype):
+    """The NVMMA shared-memory layout of a (block, torch dtype) tile: e4m3 or the output's dtype."""
+    import torch
+    from triton.experimental.gluon import language as gl
+
+    kinds = {torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    return gl.NVMMASharedLayout.get_default_for(list(block), kinds[dtype])
+
+
+def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out) -> dict | None:
+    """The Gluon kernel's descriptors (tensor name, shape, strides, block, shared layout), or None
+    when a tensor cannot go through the copy engine: Q8 and O in blocks of one consumer's rows, K8
+    in blocks of block_n keys, V^T in blocks of (Dv, block_n)."""
+    rows = cfg.block_m // cfg.consumers
+    views = {"desc_q": ("Q", q8), "desc_k": ("K", k8), "desc_v": ("Vt", vt), "desc_o": ("Out", out)}
+    blocks = {"desc_q": [1, 1, rows, q8.shape[3]], "desc_k": [1, 1, cfg.block_n, k8.shape[3]],
+              "desc_v": [1, 1, vt.shape[2], cfg.block_n], "desc_o": [1, 1, rows, out.shape[3]]}
+    descs = tma_descriptors(views, blocks)
+    if descs is None:
+        return None
+    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), views[n][1].dtype)) for n, d in descs.items()}
+
+
+def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: dict, cfg: Fp8Config,
+                  packed: bool, gluon: bool | None) -> tuple[int, dict, dict] | None:
+    """The Gluon kernel's (grid, values, descriptors) for a call (`values`: the Triton kernel's, by
+    name; fp8_launches makes the launch), or None when it cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
+    address, an empty call) and the Triton kernel serves."""
+    use = (not packed and has_entry(mod, "_attn_fwd_fp8_ws")
+           and (q8.device.type == "cuda" if gluon is None else gluon))
+    if not use:
+        return None
+    B, hq, seqlen_q, _ = q8.shape
+    if not (seqlen_q and B * hq):
+        return None
+    descs = ws_fp8_descriptors(cfg, q8, k8, vt, out)
+    if descs is None:
+        return None
+    blocks = -(-seqlen_q // cfg.block_m)
+    from attngen.families.fwd import WS_CONSUMER_REGS
+
+    values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+              "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers}
+    return programs(blocks, B * hq, "q"), values, descs
+
+
+def portable_fp8(cfg: Fp8Config, spec: KernelSpec) -> Fp8Config:
+    """The config the Triton kernel runs for `cfg` (a plan's downgrade): a Gluon config names the
+    Triton kernel's default."""
+    return ws_fallback(spec, cfg) if cfg.consumers else cfg

@@ -1,0 +1,174 @@
+"""The fp8 forward family's PyTorch side (attngen.families.fwd_fp8): the same computation in
+PyTorch -- rotation, block quantization, attention with P rounded to e4m3 (emulate) -- which sets
+the error budget of the flash-attn rule, the rule itself for fp8 outputs (check_outputs), and the
+tuning hooks. Imported by the tuner, the tests and the benchmark, never by the runtime."""
+
+from __future__ import annotations
+
+from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, _signs_cpu, alloc, buffers, fp8_launches,
+                                      qk_width, quant_launches, rotation_blocks, signs)
+
+
+# ------------------------------------------------------------------------------------------------
+# the same computation in PyTorch: the reference the flash-attn rule compares with (error of the
+# kernel <= factor x error of this, both against float64 on the unquantized inputs)
+
+
+def hadamard(n: int, dtype=None):
+    """The Walsh-Hadamard matrix of order n (a power of two), entries +-1 (Sylvester's order)."""
+    import torch
+
+    h = torch.ones(1, 1, dtype=dtype or torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def rotation_matrix(head_dim: int, seed: int = ROTATION_SEED):
+    """M (head_dim x qk_width, float64): x (.., head_dim) -> x M is what the prologue computes
+    before quantizing (zero padding to qk_width, then diag(s) H / sqrt(w) per block)."""
+    import torch
+
+    w = -(-head_dim // 16) * 16
+    m = torch.zeros(w, w, dtype=torch.float64)
+    for off, bw in rotation_blocks(w):
+        m[off:off + bw, off:off + bw] = hadamard(bw) / bw ** 0.5
+    return (_signs_cpu(w, seed).double()[:, None] * m)[:head_dim]
+
+
+def quantize_ref(x, block: int = SCALE_BLOCK):
+    """(e4m3 values as float64, descales) of x (.., S, D) per block of `block` rows: x8 =
+    e4m3(x / d), d = amax / 448 (1 for an all-zero block), round to nearest even."""
+    import torch
+
+    *lead, S, D = x.shape
+    nb = -(-S // block)
+    xp = torch.nn.functional.pad(x.double(), (0, 0, 0, nb * block - S)).reshape(*lead, nb, block, D)
+    amax = xp.abs().amax(dim=(-1, -2), keepdim=True).float()
+    d = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q8 = (xp.float() / d).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q8.double().reshape(*lead, nb * block, D)[..., :S, :], d.reshape(*lead, nb)
+
+
+def dequantize_ref(x8, d, block: int = SCALE_BLOCK):
+    return x8 * d.double().repeat_interleave(block, dim=-1)[..., :x8.shape[-2], None]
+
+
+def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=False, window_size=(-1, -1),
+            softcap=0.0, scale=None, top_left=False):
+    """fp8 attention as the kernels compute it, in PyTorch on (B, H, S, D) tensors: Q and K rotated
+    (rotate=True) and block-quantized, V block-quantized, scores and softmax in fp32, P (times 2^8)
+    rounded to e4m3, P.V in fp32. Returns (out in q's dtype, lse fp32)."""
+    import torch
+
+    from attngen.problem import keep_mask
+
+    dtype, D = q.dtype, q.shape[-1]
+    if rotate:
+        m = rotation_matrix(D, seed).to(q.device)
+        q, k = q.double() @ m, k.double() @ m
+    qd = dequantize_ref(*quantize_ref(q)).float()
+    kd = dequantize_ref(*quantize_ref(k)).float()
+    vd = dequantize_ref(*quantize_ref(v)).float()
+    g = qd.shape[1] // kd.shape[1]
+    kd, vd = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
+    scale = scale if scale is not None else 1.0 / D ** 0.5
+    s = (qd @ kd.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    keep = keep_mask(q.shape[2], k.shape[2], causal, window_size, top_left, device=q.device)
+    s = s.masked_fill(~keep, float("-inf"))
+    mx = s.amax(-1, keepdim=True)
+    mx = torch.where(torch.isinf(mx), torch.zeros_like(mx), mx)
+    p = torch.exp(s - mx)
+    l = p.sum(-1, keepdim=True)
+    p8 = (p * 256).to(torch.float8_e4m3fn).float() / 256
+    out = (p8 @ vd) / torch.where(l == 0, torch.ones_like(l), l)
+    lse = torch.where(l[..., 0] == 0, torch.full_like(l[..., 0], float("-inf")), (mx + l.log())[..., 0])
+    return out.to(dtype), lse
+
+
+# ------------------------------------------------------------------------------------------------
+# tuning hooks: what the tuner's objective (attngen.tuning.objective) needs of this family
+
+
+class TuningHooks:
+    """bf16 / fp16 inputs (the forward family's), quantized by the prologue inside the timed
+    launch (its time counts); the reference: float64 attention of the unquantized inputs, the
+    PyTorch emulation (emulate) for the error budget; throughput in TFLOP/s."""
+
+    factor = 2.0
+    outputs = ("out", "lse")
+    unit = "TFLOP/s"
+
+    def throughput(self, obj, ms: float) -> float:
+        return obj.problem.flops() * obj.family.flop_factor / ms / 1e9
+
+    def inputs(self, obj, seed: int) -> dict:
+        from attngen.families.fwd_tuning import TuningHooks as FwdHooks
+
+        t = FwdHooks().inputs(obj, seed)
+        s = obj.spec
+        cu = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
+        mx = (obj.problem.seqlen_q, obj.problem.seqlen_k)
+        # the fp8 buffers (Q8, K8, Vt, the descales) beside the inputs: one flat dict of tensors
+        t.update(alloc(buffers(s, t["q"], t["k"], t["v"], s.varlen, *mx, cu_q=cu[0]), obj.device))
+        t["signs"] = signs(qk_width(s), ROTATION_SEED, obj.device)
+        return t
+
+    def launch(self, obj, cfg, t: dict) -> None:
+        s, p = obj.spec, obj.problem
+        cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
+        b = t
+        for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
+                                 p.seqlen_k):
+            la.run()
+        for la in fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
+                               t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q):
+            la.run()
+
+    def reference(self, obj, t: dict) -> dict:
+        """Per (batch or document): float64 attention and the emulation."""
+        import torch
+
+        from attngen.problem import attention_ref
+
+        p, s = obj.problem, obj.spec
+        kw = dict(causal=p.causal, window_size=p.window, softcap=p.softcap, scale=p.softmax_scale)
+        outs = {"out64": [], "lse64": [], "out_pt": [], "lse_pt": []}
+        for b in range(p.batch):
+            if s.varlen:
+                q, k, v = (t[n][r].transpose(0, 1)[None] for n, r in
+                           (("q", slice(b * p.seqlen_q, (b + 1) * p.seqlen_q)),
+                            ("k", slice(b * p.seqlen_k, (b + 1) * p.seqlen_k)),
+                            ("v", slice(b * p.seqlen_k, (b + 1) * p.seqlen_k))))
+            else:
+                q, k, v = (t[n][b:b + 1] for n in ("q", "k", "v"))
+            o64, l64 = attention_ref(q, k, v, **kw)
+            opt, lpt = emulate(q, k, v, **kw)
+            for n, x in (("out64", o64), ("lse64", l64), ("out_pt", opt), ("lse_pt", lpt)):
+                outs[n].append(x)
+        if s.varlen:  # (1, H, S, D) per document -> (T, H, D); lse (1, H, S) -> (H, T)
+            return {n: (torch.cat([x[0].transpose(0, 1) for x in xs]) if n.startswith("out")
+                        else torch.cat([x[0] for x in xs], dim=1)) for n, xs in outs.items()}
+        return {n: torch.cat(xs) for n, xs in outs.items()}
+
+    def check(self, obj, name: str, t: dict, ref: dict) -> None:
+        check_outputs(name, t["out"], t["lse"], ref, self.factor)
+
+
+def check_outputs(name: str, out, lse, ref: dict, factor: float = 2.0) -> None:
+    """The flash-attn rule against the emulation, for the output and for the finite LSE values
+    (-inf exactly where the reference has it)."""
+    import torch
+
+    from attngen.testing import assert_flash_rule
+
+    assert_flash_rule(f"{name} out", out, ref["out64"], ref["out_pt"], factor, 1e-4)
+    ninf = torch.isneginf(ref["lse64"].to(lse.device))
+    if not torch.equal(ninf, torch.isneginf(lse)):
+        raise AssertionError(f"{name} lse: -inf at {int(torch.isneginf(lse).sum())} places, reference at "
+                             f"{int(ninf.sum())}")
+    fin = ~ninf
+    assert_flash_rule(f"{name} lse", lse[fin], ref["lse64"].to(lse.device)[fin], ref["lse_pt"].to(lse.device)[fin],
+                      factor, 1e-3)

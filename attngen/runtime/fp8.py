@@ -1,0 +1,197 @@
+"""fp8 attention (the fwd_fp8 family), inference only: `attention(..., precision="fp8")` quantizes
+bf16 / fp16 inputs inside the call (the prologue: Q and K rotated by the seeded random Hadamard
+rotation when rotate=True, Q, K and V quantized to e4m3 per block of 128 rows, V transposed), and
+`attention_fp8` takes tensors already in e4m3 with their descales (FlashAttention-3's convention:
+fp32, one per (batch, KV head), or per (batch, head, block of 128 rows)); both run the fp8
+attention kernel and return the output in bf16 (or the inputs' dtype).
+
+The plan (Fp8Plan) keeps the prologue's and the attention kernel's launches; the fp8 buffers are
+allocated per call (the caching allocator's cost). fp8 kernels are sm90 kernels: an sm89 / sm90
+GPU (fp8 tensor cores) or the CPU interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attngen.families import family
+from attngen.families import fwd_fp8 as f8
+from attngen.kernels.launch import make_descriptors
+from attngen.runtime import dispatch, validate
+from attngen.runtime.plan import Dims, Plan
+from attngen.runtime.plans import PlanCache
+
+FP8 = family("fwd_fp8")
+E4M3 = torch.float8_e4m3fn
+_PLANS = PlanCache()
+
+
+def check_fp8_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 9):
+            raise ValueError(f"q: fp8 attention needs fp8 tensor cores (sm89 / sm90: L4, L40S, H100, H200); "
+                             f"{device} is sm{major}{minor}")
+
+
+class Fp8Plan(Plan):
+    """The launches of one fp8 call key: the prologue (bf16 / fp16 inputs) and the attention."""
+
+    FAMILY = FP8
+    ALIGNED = ()
+    KERNEL = ("fp8_e4m3", "sm90")  # the kernel spec's dtype and target, whatever the device
+
+    def __init__(self, q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0,
+                 quantized: bool = False, rotate: bool = True, seed: int = f8.ROTATION_SEED,
+                 out_dtype: torch.dtype = torch.bfloat16, descales=None):
+        check_fp8_device(q.device)
+        packed = opts.layout == "packed"
+        self.packed, self.quantized, self.opts = packed, quantized, opts
+        qv, kv, vv = (q, k, v) if packed else validate.dense_views(q, k, v, opts.layout)
+        d = Dims.of(qv, kv, vv, packed, cu_q, max_q, max_k)
+        if packed:
+            self.out_shape, self.lse_shape = (q.shape[0], d.hq, d.dv), (d.hq, q.shape[0])
+        else:
+            B, sq = qv.shape[0], qv.shape[2]
+            self.out_shape = (B, sq, d.hq, d.dv) if opts.layout == "bshd" else (B, d.hq, sq, d.dv)
+            self.lse_shape = (B, d.hq, sq)
+        self.out_dtype, self.max = out_dtype, (max_q, max_k)
+        self.resolve(q, d, opts, packed)
+        self.device = q.device
+        self.signs = f8.signs(f8.qk_width(self.spec), seed, q.device) if rotate else torch.ones(
+            f8.qk_width(self.spec), device=q.device)
+        self.bufs_shapes = f8.buffers(self.spec, qv, kv, vv, packed, max_q, max_k, cu_q)
+        if quantized:  # the caller's fp8 Q and K are used as they are; V is transposed per call
+            self.bufs_shapes = {n: s for n, s in self.bufs_shapes.items() if n == "Vt"}
+        out, lse = self.empty()
+        bufs = self.buffers(qv, kv, vv, descales)
+        launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.signs,
+                                                          cu_q, cu_k, max_q, max_k)
+        launches += f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
+                                    bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
+                                    self.config, cu_q, cu_k, max_q)
+        self.compile(launches)
+
+    def empty(self):
+        return (torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device),
+                torch.empty(self.lse_shape, dtype=torch.float32, device=self.device))
+
+    def out_view(self, out):
+        return out.transpose(1, 2) if self.opts.layout == "bshd" else out
+
+    def buffers(self, qv, kv, vv, descales) -> dict:
+        """The call's fp8 tensors and descales: the prologue's outputs, or (quantized) the caller's
+        Q8 / K8, V transposed into a buffer, and the descales as (B or docs, heads, blocks) views."""
+        bufs = f8.alloc(self.bufs_shapes, self.device)
+        if self.quantized:
+            vt = bufs["Vt"]
+            if self.packed:  # (T, H, D) -> (H, D, T_pad)
+                vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
+                vt[..., vv.shape[0]:].view(torch.uint8).zero_()
+            else:  # (B, H, S, D) -> (B, H, D, S_pad)
+                vt[..., :vv.shape[2]].copy_(vv.transpose(2, 3))
+                vt[..., vv.shape[2]:].view(torch.uint8).zero_()
+            bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
+        return bufs
+
+    def run(self, q, k, v, cu_q=None, cu_k=None, descales=None):
+        """(out, lse) of one call."""
+        qv, kv, vv = (q, k, v) if self.packed else validate.dense_views(q, k, v, self.opts.layout)
+        out, lse = self.empty()
+        bufs = self.buffers(qv, kv, vv, descales)
+        n_quant = len(self.launches) - 1
+        calls = [] if self.quantized else [
+            {"X": x, "X8": bufs["Vt" if n == "v" else n.upper() + "8"], "Scale": bufs[n.upper() + "Scale"],
+             "Signs": self.signs, "cu_seqlens": cu}
+            for x, n, cu in ((qv, "q", cu_q), (kv, "k", cu_k), (vv, "v", cu_k))][:n_quant]
+        calls.append({"Q": bufs["Q8"], "K": bufs["K8"], "Vt": bufs["Vt"], "Out": self.out_view(out), "Lse": lse,
+                      "QScale": bufs["QScale"], "KScale": bufs["KScale"], "VScale": bufs["VScale"],
+                      "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
+        for launch, descs, tensors in zip(self.launches, self.descriptors, calls):
+            if descs:  # the Gluon kernel: its descriptors around this call's tensors
+                tensors = {**tensors, **make_descriptors(descs, tensors)}
+            launch(tensors, all(t.data_ptr() % 16 == 0 for t in tensors.values() if isinstance(t, torch.Tensor)))
+        return out, lse
+
+    def bind_shadows(self) -> None:  # no portable twin: the key carries the inputs' alignment
+        raise NotImplementedError
+
+
+def descale_views(name: str, d, batch: int, heads: int, kv_heads: int, seqlen: int, device) -> torch.Tensor:
+    """A caller's descale as a (batch, heads, blocks) fp32 view: None (1.0), (B, Hkv) (one per KV
+    head, FlashAttention-3's convention; Q's is shared by the query heads of a group), (B, heads)
+    or per block (B, heads, ceil(S / 128))."""
+    blocks = -(-seqlen // f8.SCALE_BLOCK)
+    if d is None:
+        return torch.ones(1, device=device).as_strided((batch, heads, 1), (0, 0, 0))
+    if not isinstance(d, torch.Tensor):
+        raise ValueError(f"{name}: expected an fp32 torch.Tensor or None, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise ValueError(f"{name}: must be torch.float32, got {d.dtype}")
+    if d.device != device:
+        raise ValueError(f"{name}: on {d.device}, but q is on {device}")
+    if d.dim() == 2 and tuple(d.shape) == (batch, kv_heads) and kv_heads != heads:
+        d = d.repeat_interleave(heads // kv_heads, dim=1)
+    if d.dim() == 2 and tuple(d.shape) == (batch, heads):
+        return d.as_strided((batch, heads, 1), (d.stride(0), d.stride(1), 0))  # one per head, any block
+    if d.dim() == 3 and tuple(d.shape) == (batch, heads, blocks):
+        return d
+    raise ValueError(f"{name}: shape {tuple(d.shape)}; expected ({batch}, {kv_heads}) (per KV head), "
+                     f"({batch}, {heads}) or ({batch}, {heads}, {blocks}) (per block of {f8.SCALE_BLOCK} rows)")
+
+
+def check_precision(precision, rotate) -> bool:
+    """True for an fp8 call; None / "default" keep the inputs' precision."""
+    if precision not in (None, "default", "fp8"):
+        raise ValueError(f"precision: must be None (the inputs' precision) or 'fp8', got {precision!r}")
+    if not isinstance(rotate, bool):
+        raise ValueError(f"rotate: must be True or False, got {rotate!r}")
+    return precision == "fp8"
+
+
+def no_grad_check(*tensors) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise ValueError("q: fp8 attention is inference only (no backward); call it under torch.no_grad(), "
+                         "or use precision=None for training")
+
+
+def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
+             descales=None, out_dtype: torch.dtype | None = None):
+    """(out, lse) of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
+    quantized = q.dtype == E4M3
+    out_dtype = out_dtype or (torch.bfloat16 if quantized else q.dtype)
+    # e4m3 inputs go to the kernel as they are: whether the copy engine can read them (16-byte
+    # aligned bases) decides the kernel, so it is part of the key
+    aligned = not quantized or (q.data_ptr() % 16 == 0 and k.data_ptr() % 16 == 0)
+    key = (dispatch.override(), aligned, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
+           q.device, opts,
+           None if cu_q is None else cu_q.shape, max_q, max_k, rotate, out_dtype,
+           None if descales is None else tuple((d.shape, d.stride()) for d in descales))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if opts.layout == "packed":
+            validate.check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
+        plan = _PLANS.put(key, Fp8Plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, quantized, rotate,
+                                       out_dtype=out_dtype, descales=descales))
+    elif opts.layout == "packed":
+        validate.check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
+    return plan.run(q, k, v, cu_q, cu_k, descales)
+
+
+def check_quantized(q, k, v, layout: str) -> None:
+    """attention_fp8's tensors: e4m3, 4-D, Q / K head dims a multiple of 16 (rows 16-byte aligned)."""
+    validate.check_layout(layout)
+    validate.check_tensors({"q": q, "k": k, "v": v}, 4, "(B, H, S, D)" if layout == "bhsd" else "(B, S, H, D)",
+                           dtypes=(E4M3,))
+    qv, kv, vv = validate.dense_views(q, k, v, layout)
+    if kv.shape[0] != qv.shape[0] or vv.shape[0] != qv.shape[0]:
+        raise ValueError(f"k, v: batch sizes {kv.shape[0]}, {vv.shape[0]} differ from q's {qv.shape[0]}")
+    if vv.shape[2] != kv.shape[2]:
+        raise ValueError(f"v: sequence length {vv.shape[2]} differs from k's {kv.shape[2]}")
+    validate.check_heads(qv.shape[1], kv.shape[1], vv.shape[1], qv.shape[3], kv.shape[3], vv.shape[3])
+    if qv.shape[3] % 16:
+        raise ValueError(f"q: head dim {qv.shape[3]} must be a multiple of 16 for e4m3 inputs (pad Q and K "
+                         "with zero columns; Q.K^T is unchanged)")
+    for name, t in (("q", qv), ("k", kv)):
+        if t.stride(3) != 1:
+            raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(t.stride())}")

@@ -1,0 +1,103 @@
+"""The warp-specialized Gluon fp8 forward (`_attn_fwd_fp8_ws`, templates/_fp8_ws.py.jinja) compiled
+for sm90 on a CPU machine (attngen.bench.probe, Triton's own ptxas): its matmuls are fp8 wgmmas
+(e4m3 x e4m3 into fp32), a wait keeps one wgmma group in flight (block j-1's P.V during block j's
+softmax), nothing spills under the launch register cap, and the shared memory is the model's."""
+
+from __future__ import annotations
+
+import pytest
+
+from .test_compile_sm90 import probe
+
+
+@pytest.mark.parametrize("hd, mask, gqa, config", [
+    (128, "none", 1, "128,128,4,3,consumers=2"),
+    (64, "causal", 4, "128,128,4,2,consumers=2"),
+    (128, "sliding_window", 1, "64,128,4,2,consumers=1"),
+    (256, "causal", 2, "128,64,4,2,consumers=2"),
+])
+def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, config):
+    from attngen.families.fwd_fp8 import Fp8Config, check_fp8, ws_fp8_maxnreg, ws_smem_bytes
+    from attngen.spec import KernelSpec
+
+    nums = [int(x) for x in config.split(",") if "=" not in x]
+    cfg = Fp8Config(*nums, consumers=int(config.rsplit("=", 1)[1]))
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd, gqa, mask)
+    assert check_fp8(spec, cfg) is None, check_fp8(spec, cfg)
+    (ws,) = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
+    assert ws["kernel"] == "_attn_fwd_fp8_ws", ws
+    assert ws["wgmma_types"] == ["f32.e4m3.e4m3"] and all("k32" in w for w in ws["wgmma"]), ws
+    assert 1 in ws["wait_groups"], ws
+    # Q8 in registers up to hd128 (A operand of Q.K^T), P always (A operand of P.V)
+    assert any("A from registers" in w for w in ws["wgmma"]), ws
+    if hd <= 128:
+        assert not any("A from shared" in w for w in ws["wgmma"]), ws
+    assert ws["spill_stores"] == 0 and ws["registers"] <= ws_fp8_maxnreg(spec, cfg), ws
+    want = ws_smem_bytes(spec, cfg)
+    assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
+
+
+def test_fp8_gluon_forward_exists_where_ws_fp8_says():
+    """Dense sm90 specs of qk width and v head dim 64, 128 or 256 without softcapping get the
+    Gluon kernel; packed documents, softcapping and other head dims keep the Triton kernel only,
+    and a Gluon config is refused there (check_fp8 names the reason)."""
+    from attngen.codegen.render import render
+    from attngen.families.fwd_fp8 import WS_FP8_DEFAULT_WIDE, check_fp8, ws_fp8
+    from attngen.spec import KernelSpec
+
+    def spec(hd=128, hd_v=None, **kw):
+        return KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd_v or hd, 2, "causal", **kw)
+
+    # hd120: Q8 / K8 are 128 wide (qk_width), V^T keeps its 120 rows
+    for s, want in ((spec(), True), (spec(64), True), (spec(256), True), (spec(120, 128), True),
+                    (spec(120), False), (spec(96), False),
+                    (spec(softcap=True), False), (spec(varlen=True), False)):
+        assert ws_fp8(s) is want, s
+        src = render(s)
+        assert ("_attn_fwd_fp8_ws" in src) is want and ("gluon" in src) is want, s
+        assert (check_fp8(s, WS_FP8_DEFAULT_WIDE) is None) is want, (s, check_fp8(s, WS_FP8_DEFAULT_WIDE))
+
+
+def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
+    """fp8_launches with a Gluon config: the Gluon launch (descriptors over Q8, K8, V^T and O,
+    the launch register cap) where a GPU may run it (here: gluon=True, as the compile probe says);
+    the Triton kernel with its own default config on the CPU and for an output whose rows the copy
+    engine cannot address."""
+    import math
+
+    import torch
+
+    from attngen.families import fwd_fp8 as F
+    from attngen.families.base import WS_MAXNREG
+    from attngen.kernels.common import MaskArgs, mask_kind
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 2, "causal")
+    mod = loader.load(spec)
+    B, hkv, S, D = 1, 2, 300, 128
+    q, k, v = torch.empty(B, 2 * hkv, S, D), torch.empty(B, hkv, S, D), torch.empty(B, hkv, S, D)
+    bufs = F.alloc(F.buffers(spec, q, k, v, False), "cpu")
+    _, wl, wr = mask_kind(True, (-1, -1))
+    margs = MaskArgs(1 / math.sqrt(D), 0.0, wl, wr, False)
+    cfg = F.default_fp8_config(spec)
+    assert cfg == F.WS_FP8_DEFAULT and cfg.consumers == 2
+
+    def launch(out, gluon):
+        lse = torch.empty(B, 2 * hkv, S)
+        (la,) = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
+                               bufs["VScale"], out, lse, margs, cfg, gluon=gluon)
+        return la
+
+    out = torch.empty(B, 2 * hkv, S, D, dtype=torch.bfloat16)
+    ws = launch(out, True)
+    assert ws.fn.__name__ == "_attn_fwd_fp8_ws" and ws.maxnreg == WS_MAXNREG and ws.num_warps == 4
+    assert ws.grid == math.ceil(S / 128) * B * 2 * hkv
+    assert sorted(ws.descriptors) == ["desc_k", "desc_o", "desc_q", "desc_v"]
+    assert ws.descriptors["desc_v"][0] == "Vt" and ws.descriptors["desc_v"][3] == [1, 1, D, 128]
+    assert ws.values["KV_STAGES"] == cfg.num_stages and ws.values["CONSUMERS"] == 2
+    cpu = launch(out, None)  # a CPU tensor: Triton's interpreter runs no Gluon
+    assert cpu.fn.__name__ == "_attn_fwd_fp8" and cpu.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m
+    odd = torch.empty(B, 2 * hkv, S, D + 1, dtype=torch.bfloat16)[..., :D]  # rows of 258 bytes
+    slow = launch(odd, True)  # (the fallback config follows the tensors' device: the CPU's here)
+    assert slow.fn.__name__ == "_attn_fwd_fp8" and slow.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m

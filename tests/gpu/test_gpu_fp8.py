@@ -1,0 +1,132 @@
+"""GPU: the fp8 family (fwd_fp8) against float64 with the flash-attn rule (error <= 2x that of the
+same computation in PyTorch, fwd_fp8_tuning.emulate): odd and long shapes, masks, softcap, GQA, head dims
+that are not a power of two, packed documents, every tile config of the search space forced, the
+pre-quantized entry point with FlashAttention-3's descales, torch.compile and a CUDA graph."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import attngen
+from attngen.families import fwd_fp8 as f8
+from attngen.families import fwd_fp8_tuning as f8t
+from attngen.problem import attention_ref, random_inputs
+from attngen.runtime import dispatch
+from attngen.spec import KernelSpec
+from attngen.testing import assert_flash_rule
+
+pytestmark = pytest.mark.gpu
+DEV = "cuda"
+
+# (B, Hq, Hkv, Sq, Sk, D, Dv, causal, window, softcap)
+CASES = [
+    (1, 8, 2, 1023, 1023, 128, 128, True, (-1, -1), 0.0),
+    (2, 4, 4, 113, 203, 64, 64, False, (-1, -1), 0.0),
+    (1, 4, 1, 4096, 4096, 128, 128, False, (-1, -1), 0.0),
+    (1, 2, 2, 2048, 2048, 256, 256, True, (-1, -1), 0.0),
+    (1, 4, 2, 1500, 777, 80, 80, True, (300, -1), 0.0),
+    (1, 4, 4, 1000, 1000, 64, 64, False, (-1, -1), 30.0),
+    (2, 6, 2, 203, 1023, 96, 40, True, (-1, -1), 0.0),
+]
+
+
+def _cid(c):
+    B, hq, hkv, sq, sk, d, dv, causal, window, softcap = c
+    return (f"b{B}_h{hq}x{hkv}_q{sq}_k{sk}_hd{d}" + (f"x{dv}" if dv != d else "") + ("_causal" if causal else "")
+            + (f"_w{window[0]}x{window[1]}" if window != (-1, -1) else "") + (f"_cap{softcap:g}" if softcap else ""))
+
+
+def _refs(q, k, v, **kw):
+    o64, l64 = attention_ref(q, k, v, **kw)
+    oe, le = f8t.emulate(q, k, v, **kw)
+    return {"out64": o64, "lse64": l64, "out_pt": oe, "lse_pt": le}
+
+
+@pytest.mark.parametrize("case", CASES, ids=_cid)
+def test_gpu_fp8_against_float64(case, gpu_records):
+    B, hq, hkv, sq, sk, d, dv, causal, window, softcap = case
+    q, k, v = random_inputs((B, hq, sq, d), (B, hkv, sk, d), (B, hkv, sk, dv), dtype=torch.bfloat16, device=DEV,
+                            seed=21, mults=(4.0 if softcap else 1.0, 1.0, 1.0))
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    with torch.no_grad():
+        out, lse = attngen.attention(q, k, v, precision="fp8", return_lse=True, **kw)
+    ref = _refs(q, k, v, **kw)
+    f8t.check_outputs(_cid(case), out, lse, ref)
+    gpu_records.append({"test": "fp8", "case": _cid(case),
+                        "err": (out.double() - ref["out64"]).abs().max().item(),
+                        "emulation_err": (ref["out_pt"].double() - ref["out64"]).abs().max().item()})
+
+
+# every tile / warp pair at 3 stages, every stage count and precise_acc on a few: each knob value once
+SPACE = ([f8.Fp8Config(m, n, w, 3) for m, n, w in itertools.product(f8.SPACE["block_m"], f8.SPACE["block_n"],
+                                                                      f8.SPACE["num_warps"])]
+         + [f8.Fp8Config(128, 64, 8, s) for s in f8.SPACE["num_stages"] if s != 3]
+         + [f8.Fp8Config(128, 64, 8, 3, True), f8.Fp8Config(64, 128, 4, 2, True)])
+
+
+@pytest.mark.parametrize("hd, causal", [(128, True), (256, False)])
+def test_gpu_fp8_every_config(hd, causal):
+    """Configs of the search space (each knob's every value) that the validity filter passes, forced."""
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd, 2, "causal" if causal else "none")
+    q, k, v = random_inputs((1, 4, 1023, hd), (1, 2, 777, hd), (1, 2, 777, hd), dtype=torch.bfloat16, device=DEV,
+                            seed=3)
+    ref = _refs(q, k, v, causal=causal)
+    ran = 0
+    for cfg in SPACE:
+        if f8.check_fp8(spec, cfg) is not None:
+            continue
+        with dispatch.forced_config(fwd_fp8=cfg), torch.no_grad():
+            out, lse = attngen.attention(q, k, v, causal=causal, precision="fp8", return_lse=True)
+        f8t.check_outputs(f"{cfg}", out, lse, ref)
+        ran += 1
+    assert ran >= 8
+
+
+def test_gpu_fp8_packed_documents():
+    docs_q, docs_k = [1023, 1, 0, 300, 2048], [1023, 700, 5, 301, 2048]
+    cu_q = torch.tensor([0] + list(itertools.accumulate(docs_q)), dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0] + list(itertools.accumulate(docs_k)), dtype=torch.int32, device=DEV)
+    q, k, v = random_inputs((sum(docs_q), 8, 128), (sum(docs_k), 2, 128), (sum(docs_k), 2, 128),
+                            dtype=torch.bfloat16, device=DEV, seed=5)
+    with torch.no_grad():
+        out, lse = attngen.attention_varlen(q, k, v, cu_q, cu_k, max(docs_q), max(docs_k), causal=True,
+                                            precision="fp8", return_lse=True)
+    for i, (nq, nk) in enumerate(zip(docs_q, docs_k)):
+        if nq == 0:
+            continue
+        a = slice(int(cu_q[i]), int(cu_q[i + 1]))
+        b = slice(int(cu_k[i]), int(cu_k[i + 1]))
+        qd, kd, vd = (x[r].transpose(0, 1)[None] for x, r in ((q, a), (k, b), (v, b)))
+        f8t.check_outputs(f"doc {i}", out[a].transpose(0, 1)[None], lse[:, a][None], _refs(qd, kd, vd, causal=True))
+
+
+def test_gpu_attention_fp8_descales_compile_and_graph():
+    q, k, v = random_inputs((2, 8, 1500, 128), (2, 2, 1500, 128), (2, 2, 1500, 128), dtype=torch.bfloat16,
+                            device=DEV, seed=8)
+    per_kv = [x.float().abs().reshape(2, 2, -1).amax(-1) / 448 for x in (q, k, v)]
+    q8 = (q.float() / per_kv[0].repeat_interleave(4, 1)[:, :, None, None]).to(torch.float8_e4m3fn)
+    k8, v8 = ((x.float() / d[:, :, None, None]).to(torch.float8_e4m3fn) for x, d in zip((k, v), per_kv[1:]))
+    out = attngen.attention_fp8(q8, k8, v8, *per_kv, causal=True)
+    deq = [q8.double() * per_kv[0].double().repeat_interleave(4, 1)[:, :, None, None],
+           k8.double() * per_kv[1].double()[:, :, None, None], v8.double() * per_kv[2].double()[:, :, None, None]]
+    o64, _ = attention_ref(*deq, causal=True)
+    oe, _ = f8t.emulate(*(x.float() for x in deq), rotate=False, causal=True)
+    assert_flash_rule("attention_fp8", out, o64, oe.to(torch.bfloat16), 2.0, 1e-3)
+
+    def fn(q, k, v):
+        return attngen.attention(q, k, v, causal=True, precision="fp8")
+
+    with torch.no_grad():
+        eager = fn(q, k, v)
+        compiled = torch.compile(fn, fullgraph=True)(q, k, v)
+        torch.testing.assert_close(compiled, eager, atol=0, rtol=0)
+        g = torch.cuda.CUDAGraph()
+        fn(q, k, v)
+        with torch.cuda.graph(g):
+            graphed = fn(q, k, v)
+        q.copy_(torch.randn_like(q))
+        g.replay()
+        torch.testing.assert_close(graphed, fn(q, k, v), atol=0, rtol=0)
