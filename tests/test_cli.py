@@ -193,17 +193,28 @@ def test_folder_with_one_good_and_one_bad_spec_writes_nothing(tmp_path, spec_a, 
         assert tree(out) == snapshot, f"{argv} touched the output folder"
 
 
-def test_fp8_is_a_spec_error_naming_file_entry_and_field(tmp_path, capsys):
+def test_fp8_with_a_backward_is_a_spec_error_naming_file_entry_and_field(tmp_path, capsys):
     spec = tmp_path / "fp8.yaml"
-    spec.write_text(SPEC_A.replace("[fp16, bf16]", "[fp16, fp8_e4m3]").replace("sm80", "sm90"))
+    spec.write_text(SPEC_A.replace("[fp16, bf16]", "[fp16, fp8_e4m3]").replace("sm80", "sm90")
+                    .replace("families: fwd", "families: [fwd, bwd]"))
     out = tmp_path / "gen"
     rc, stdout, stderr = run(capsys, "build", spec, "--out", out)
     assert rc == 2 and not out.exists()
     assert stderr.splitlines() == [
         "attngen build: 1 problem(s), nothing written:",
-        f"{spec}: kernel 'a_causal' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels are not "
-        "implemented yet (implemented: fp16, bf16)"]
+        f"{spec}: kernel 'a_causal' (entry 0): field 'families': bwd: fp8_e4m3 kernels are forward-only "
+        "(inference); give fp8_e4m3 an entry of its own with families: fwd (or leave families out)"]
     assert stdout == ""
+
+
+def test_fp8_entry_builds_the_fp8_forward(tmp_path, capsys):
+    spec = tmp_path / "fp8.yaml"
+    spec.write_text(SPEC_A.replace("[fp16, bf16]", "[fp16, fp8_e4m3]").replace("sm80", "sm90"))
+    out = tmp_path / "gen"
+    rc, stdout, stderr = run(capsys, "build", spec, "--out", out)
+    assert rc == 0, stderr
+    assert sorted(p.name.rsplit("_", 1)[0] for p in out.glob("attn_*.py")) == [
+        "attn_fwd_fp16_hd64_gqa2_causal_sm90", "attn_fwd_fp8_e4m3_hd64_gqa2_causal_sm90"]
 
 
 def test_every_problem_of_every_file_at_once(tmp_path, capsys):
@@ -212,8 +223,8 @@ def test_every_problem_of_every_file_at_once(tmp_path, capsys):
     folder.mkdir()
     (folder / "a.yaml").write_text(SPEC_A.replace("head_dim: 64", "head_dim: 300"))
     (folder / "b.yaml").write_text(SPEC_B.replace("b_swa", "a_causal").replace("    window: 128\n", ""))
-    (folder / "c.yaml").write_text(BAD.replace("dtypes: fp16\n    targets: sm80\n    families",
-                                               "dtypes: fp8_e4m3\n    targets: sm90\n    families"))
+    (folder / "c.yaml").write_text(BAD.replace("dtypes: fp16\n    targets: sm80\n    families: fwd",
+                                               "dtypes: fp8_e4m3\n    targets: sm90\n    families: bwd"))
     out = tmp_path / "gen"
     rc, stdout, stderr = run(capsys, "build", folder, "--out", out)
     assert rc == 2 and not out.exists() and stdout == ""
@@ -225,8 +236,8 @@ def test_every_problem_of_every_file_at_once(tmp_path, capsys):
         f"{b}: kernel 'a_causal' (entry 0): field 'window': is required for a sliding-window mask",
         f"{b}: kernel 'a_causal' (entry 0): field 'name': also used by {a} (entry 0); entry names "
         "must be unique across the spec files of one build",
-        f"{c}: kernel 'ok' (entry 0): field 'dtypes': fp8_e4m3: fp8 kernels are not implemented yet "
-        "(implemented: fp16, bf16)",
+        f"{c}: kernel 'ok' (entry 0): field 'families': bwd: fp8_e4m3 kernels are forward-only (inference); "
+        "give fp8_e4m3 an entry of its own with families: fwd (or leave families out)",
         f"{c}: kernel 'broken' (entry 1): field 'head_dim': must be in [8, 256], got 300",
     ]
 
