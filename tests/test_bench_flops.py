@@ -129,8 +129,8 @@ def test_head_dim_cases_count_flops_on_their_head_dim(name):
 
 def test_default_and_picked_cases():
     """No --cases: every case, the head-dim ones included; --cases picks by name."""
-    assert bench._pick(None, bench.CASES_BY_NAME, "case") == list(bench.CASES)
-    picked = bench._pick("causal-hd80-4k, full", bench.CASES_BY_NAME, "case")
+    assert bench.pick(None, bench.CASES_BY_NAME, "case") == list(bench.CASES)
+    picked = bench.pick("causal-hd80-4k, full", bench.CASES_BY_NAME, "case")
     assert [c.name for c in picked] == ["causal-hd80-4k", "full"]
 
 

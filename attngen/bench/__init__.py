@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from attngen.bench.cases import (CASES, CASES_BY_NAME, DTYPE_NAMES, DTYPES, FWDBWD_FLOP_FACTOR, MODES,
-                                 Case, case_flops, forward_flops)
+                                 Case, case_flops, forward_flops, pick)
 from attngen.bench.providers import (PROVIDERS, PROVIDERS_BY_NAME, REFERENCE, Inputs, Prepared, Provider,
                                      Unsupported)
 from attngen.bench.report import (ResultsError, format_table, header, load_results, results,
@@ -71,16 +71,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "inputs: bf16, fp8 with and without rotation, fp8 with per-tensor scales; default: none)")
 
 
-def _pick(arg: str | None, table: dict, what: str) -> list:
-    if not arg:
-        return list(table.values())
-    names = [s.strip() for s in arg.split(",") if s.strip()]
-    unknown = [n for n in names if n not in table]
-    if unknown:
-        raise ValueError(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(table)})")
-    return [table[n] for n in names]
-
-
 def _fail(msg: str, code: int) -> int:
     print(f"attngen bench: {msg}", file=sys.stderr)
     return code
@@ -120,8 +110,8 @@ def main(args: argparse.Namespace) -> int:
         return _redraw(args)
     plot_path = getattr(args, "plot", None)
     try:
-        cases = _pick(args.cases, CASES_BY_NAME, "case")
-        providers = _pick(args.providers, PROVIDERS_BY_NAME, "provider")
+        cases = pick(args.cases, CASES_BY_NAME, "case")
+        providers = pick(args.providers, PROVIDERS_BY_NAME, "provider")
     except ValueError as exc:
         return _fail(str(exc), 2)
     if plot_path:  # before a long run, not after it

@@ -85,3 +85,15 @@ def forward_flops(case: Case) -> float:
 
 def case_flops(case: Case, mode: str) -> float:
     return forward_flops(case) * (FWDBWD_FLOP_FACTOR if mode == "fwdbwd" else 1.0)
+
+
+def pick(arg: str | None, table: dict, what: str) -> list:
+    """The values of `table` named in the comma-separated `arg` (all of them when it is empty); a
+    ValueError names the unknown ones (every bench mode's --cases and --providers)."""
+    if not arg:
+        return list(table.values())
+    names = [s.strip() for s in arg.split(",") if s.strip()]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(table)})")
+    return [table[n] for n in names]

@@ -163,20 +163,13 @@ def main_args(args) -> int:
             return _fail("--from only redraws a results file: give --plot FILE.png too", 2)
         with open(args.from_json) as f:
             return _plot(json.load(f), args.plot)
-    names = {c.name: c for c in CASES}
-    cases = list(names.values())
-    if args.cases:
-        wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            return _fail(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(names)})", 2)
-        cases = [names[n] for n in wanted]
-    providers = None
-    if args.providers:
-        providers = [n.strip() for n in args.providers.split(",") if n.strip()]
-        unknown = [n for n in providers if n not in PROVIDERS]
-        if unknown:
-            return _fail(f"unknown provider(s) {', '.join(unknown)} (known: {', '.join(PROVIDERS)})", 2)
+    from attngen.bench.cases import pick
+
+    try:
+        cases = pick(args.cases, {c.name: c for c in CASES}, "case")
+        providers = pick(args.providers, {n: n for n in PROVIDERS}, "provider") if args.providers else None
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     if args.dtype != "bf16":
         return _fail("decode rows are bf16 (--dtype bf16)", 2)
     if not torch.cuda.is_available():

@@ -249,20 +249,13 @@ def _fail(msg: str, code: int) -> int:
 def main_args(args) -> int:
     """`attngen bench --mode fp8 [--cases ...] [--providers ...] [--out F] [--quick]`; with
     --accuracy FILE also the accuracy records. Exit 0 done, 1 no GPU, 2 bad arguments."""
-    names = {c.name: c for c in CASES}
-    cases = list(names.values())
-    if args.cases:
-        wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            return _fail(f"unknown case(s) {', '.join(unknown)} (known: {', '.join(names)})", 2)
-        cases = [names[n] for n in wanted]
-    providers = None
-    if args.providers:
-        providers = [n.strip() for n in args.providers.split(",") if n.strip()]
-        unknown = [n for n in providers if n not in PROVIDERS]
-        if unknown:
-            return _fail(f"unknown provider(s) {', '.join(unknown)} (known: {', '.join(PROVIDERS)})", 2)
+    from attngen.bench.cases import pick
+
+    try:
+        cases = pick(args.cases, {c.name: c for c in CASES}, "case")
+        providers = pick(args.providers, {n: n for n in PROVIDERS}, "provider") if args.providers else None
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     if not torch.cuda.is_available():
         return _fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
     if getattr(args, "accuracy", None):

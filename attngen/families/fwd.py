@@ -13,8 +13,8 @@ import triton
 
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
-                                    programs, sm_count, strides4, tile_names, tma_descriptors)
+from attngen.kernels.launch import (Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
+                                    needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec, head_chunks
 
 
@@ -327,14 +327,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
     Gluon or TMA kernel cannot serve the call -- passes check_fwd (configs.require_valid)."""
     require_valid(spec, cfg, check_fwd)
     packed = cu_seqlens_q is not None
-    if packed:
-        Hq = q.shape[1]
-        bh, seqlen_q, seqlen_k = (cu_seqlens_q.numel() - 1) * Hq, 0, 0
-        rows = max_seqlen_q if q.shape[0] else 0
-    else:
-        B, Hq, seqlen_q, _ = q.shape
-        seqlen_k = k.shape[2]
-        bh, rows = B * Hq, seqlen_q
+    Hq, bh, seqlen_q, seqlen_k, rows = call_extent(q, k, cu_seqlens_q, max_seqlen_q)
     blocks = triton.cdiv(rows, cfg.block_m)
     qk_scale, softcap_in, softcap_out = mask.score_args()
     values = {

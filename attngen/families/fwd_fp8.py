@@ -21,7 +21,8 @@ from types import ModuleType
 
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, next_pow2, require_valid
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import Launch, has_entry, lse_strides, needs_int64, programs, strides4, tma_descriptors
+from attngen.kernels.launch import (Launch, call_extent, has_entry, lse_strides, needs_int64, programs, strides4,
+                                    tma_descriptors)
 from attngen.spec import KernelSpec
 
 PROLOGUE = ("_fp8_quant_qk", "_fp8_quant_v")  # quant_launches' entry points (the Family lists fp8_launches')
@@ -238,14 +239,7 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
     if ks.stride() != vs.stride():
         raise ValueError(f"k and v descales need the same strides, got {ks.stride()} and {vs.stride()}")
     packed = cu_seqlens_q is not None
-    if packed:
-        hq = q8.shape[1]
-        bh, seqlen_q, seqlen_k = (cu_seqlens_q.numel() - 1) * hq, 0, 0
-        rows = max_seqlen_q if q8.shape[0] else 0
-    else:
-        B, hq, seqlen_q, _ = q8.shape
-        seqlen_k = k8.shape[2]
-        bh, rows = B * hq, seqlen_q
+    hq, bh, seqlen_q, seqlen_k, rows = call_extent(q8, k8, cu_seqlens_q, max_seqlen_q)
     blocks = -(-rows // cfg.block_m)
     qk_scale, softcap_in, softcap_out = mask.score_args()
     values = {

@@ -211,6 +211,18 @@ def sm_count(device) -> int:
     return _sm_count(device.index if device.index is not None else 0)
 
 
+def call_extent(q, k, cu_seqlens_q=None, max_seqlen_q: int = 0) -> tuple[int, int, int, int, int]:
+    """(query heads, programs' batch x heads, seqlen_q, seqlen_k, query rows) of a forward call:
+    dense q (B, H, S, D), k (B, Hkv, S, D); packed q (T, H, D) with cu_seqlens_q, where batch x heads
+    counts documents x heads, the lengths come per document from cu_seqlens (0 here) and the rows
+    are max_seqlen_q."""
+    if cu_seqlens_q is not None:
+        hq = q.shape[1]
+        return hq, (cu_seqlens_q.numel() - 1) * hq, 0, 0, max_seqlen_q if q.shape[0] else 0
+    B, hq, seqlen_q, _ = q.shape
+    return hq, B * hq, seqlen_q, k.shape[2], seqlen_q
+
+
 def strides4(prefix: str, t, packed: bool = False) -> dict[str, int]:
     """stride_<p>z/h/m/k of a (B, H, S, D) view, or of a packed (T, H, D) tensor (no batch axis:
     documents are addressed through cu_seqlens)."""

@@ -25,7 +25,7 @@ from attngen.families import family
 from attngen.runtime import dispatch, kvcache
 from attngen.runtime.plan import Dims, Plan, host_bound, plan_launches  # noqa: F401 (re-exported)
 from attngen.runtime.plans import PlanCache
-from attngen.runtime.validate import Options, check_cu_values, dense_views
+from attngen.runtime.validate import Options, check_cu_values, dense_views, output_shapes
 
 # the two families an attention call runs, and their launchers (attngen.families registers both)
 FWD, BWD = family("fwd"), family("bwd")
@@ -42,12 +42,7 @@ class ForwardPlan(Plan):
         packed = opts.layout == "packed"
         qv, kv, vv = (q, k, v) if packed else dense_views(q, k, v, opts.layout)
         d = Dims.of(qv, kv, vv, packed, cu_q, max_q, max_k)
-        if packed:
-            self.out_shape, self.lse_shape = (q.shape[0], d.hq, d.dv), (d.hq, q.shape[0])
-        else:
-            B, sq = qv.shape[0], qv.shape[2]
-            self.out_shape = (B, sq, d.hq, d.dv) if opts.layout == "bshd" else (B, d.hq, sq, d.dv)
-            self.lse_shape = (B, d.hq, sq)
+        self.out_shape, self.lse_shape = output_shapes(q, v, opts.layout)
         self.dtype, self.layout, self.opts = q.dtype, opts.layout, opts
         self.resolve(q, d, opts, packed)
         # shapes and strides only, to build the portable twin should a later call's tensors not be

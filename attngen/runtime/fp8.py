@@ -49,12 +49,7 @@ class Fp8Plan(Plan):
         self.packed, self.quantized, self.opts = packed, quantized, opts
         qv, kv, vv = (q, k, v) if packed else validate.dense_views(q, k, v, opts.layout)
         d = Dims.of(qv, kv, vv, packed, cu_q, max_q, max_k)
-        if packed:
-            self.out_shape, self.lse_shape = (q.shape[0], d.hq, d.dv), (d.hq, q.shape[0])
-        else:
-            B, sq = qv.shape[0], qv.shape[2]
-            self.out_shape = (B, sq, d.hq, d.dv) if opts.layout == "bshd" else (B, d.hq, sq, d.dv)
-            self.lse_shape = (B, d.hq, sq)
+        self.out_shape, self.lse_shape = validate.output_shapes(q, v, opts.layout)
         self.out_dtype, self.max = out_dtype, (max_q, max_k)
         self.resolve(q, d, opts, packed)
         self.device = q.device

@@ -16,14 +16,6 @@ def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> 
     return validate.Options(mask, scale, softcap, window_left, window_right, top_left, layout)
 
 
-def _out_shapes(q, v, layout):
-    if layout == "packed":
-        return (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0])
-    if layout == "bshd":
-        return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[2], q.shape[1])
-    return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[1], q.shape[2])
-
-
 @torch.library.custom_op("attngen::attention_fwd", mutates_args=())
 def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
          cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, scale: float,
@@ -36,7 +28,7 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Option
 @_fwd.register_fake
 def _fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, softcap,
               window_left, window_right, mask, top_left, layout, deterministic):
-    out_shape, lse_shape = _out_shapes(q, v, layout)
+    out_shape, lse_shape = validate.output_shapes(q, v, layout)
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
@@ -117,7 +109,7 @@ def _fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: Optional[
 @_fp8.register_fake
 def _fp8_fake(q, k, v, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
               scale, softcap, window_left, window_right, mask, top_left, layout, rotate, out_dtype):
-    out_shape, lse_shape = _out_shapes(q, v, layout)
+    out_shape, lse_shape = validate.output_shapes(q, v, layout)
     dtype = _DTYPES.get(out_dtype) or (torch.bfloat16 if q.dtype == fp8.E4M3 else q.dtype)
     return q.new_empty(out_shape, dtype=dtype), q.new_empty(lse_shape, dtype=torch.float32)
 

@@ -114,6 +114,16 @@ def make_options(head_dim: int, causal, window_size, softcap, scale, causal_alig
                    float(softcap), wl, wr, top_left, layout)
 
 
+def output_shapes(q, v, layout: str) -> tuple[tuple, tuple]:
+    """(out, lse) shapes of a call in the caller's layout: out like q with v's head dim; lse
+    (B, Hq, Sq), or (Hq, total_q) for packed documents."""
+    if layout == "packed":
+        return (q.shape[0], q.shape[1], v.shape[2]), (q.shape[1], q.shape[0])
+    if layout == "bshd":
+        return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[2], q.shape[1])
+    return (q.shape[0], q.shape[1], q.shape[2], v.shape[3]), (q.shape[0], q.shape[1], q.shape[2])
+
+
 def dense_views(q, k, v, layout: str):
     """(B, H, S, D) views of the user's tensors (no copies)."""
     if layout == "bshd":

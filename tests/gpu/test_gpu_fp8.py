@@ -17,6 +17,7 @@ from attngen.problem import attention_ref, random_inputs
 from attngen.runtime import dispatch
 from attngen.spec import KernelSpec
 from attngen.testing import assert_flash_rule
+from tests.kernels.test_fp8 import _cid
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -31,12 +32,6 @@ CASES = [
     (1, 4, 4, 1000, 1000, 64, 64, False, (-1, -1), 30.0),
     (2, 6, 2, 203, 1023, 96, 40, True, (-1, -1), 0.0),
 ]
-
-
-def _cid(c):
-    B, hq, hkv, sq, sk, d, dv, causal, window, softcap = c
-    return (f"b{B}_h{hq}x{hkv}_q{sq}_k{sk}_hd{d}" + (f"x{dv}" if dv != d else "") + ("_causal" if causal else "")
-            + (f"_w{window[0]}x{window[1]}" if window != (-1, -1) else "") + (f"_cap{softcap:g}" if softcap else ""))
 
 
 def _refs(q, k, v, **kw):

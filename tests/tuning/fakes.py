@@ -48,11 +48,23 @@ class FakeOutOfResources(RuntimeError):
     pass
 
 
+_HELD = [0]  # the timer's calls in this process (ATTNGEN_FAKE_TIMER_HOLD)
+
+
 def timer(step, config, problem) -> float:
     """Runs the step once (so a broken launch still fails) and returns fake_ms(config); block_n 32
     with 4 stages "runs out of shared memory", as a compile failure the filter did not catch would.
-    With ATTNGEN_FAKE_TIMER_SLEEP=seconds it also sleeps (the Ctrl-C test), failing or not."""
+    With ATTNGEN_FAKE_TIMER_SLEEP=seconds it also sleeps, failing or not. With
+    ATTNGEN_FAKE_TIMER_HOLD=<file>:<n> its n-th call creates <file> and then sleeps until a signal
+    ends the run (the Ctrl-C test: the interrupt lands inside a trial, every time)."""
     step()
+    hold = os.environ.get("ATTNGEN_FAKE_TIMER_HOLD")
+    if hold:
+        path, _, n = hold.rpartition(":")
+        _HELD[0] += 1
+        if _HELD[0] == int(n):
+            open(path, "w").close()
+            time.sleep(120)  # the test sends SIGINT now
     delay = float(os.environ.get("ATTNGEN_FAKE_TIMER_SLEEP", "0"))
     if delay:  # before the failure too: every measured config takes this long, failed or not
         time.sleep(delay)

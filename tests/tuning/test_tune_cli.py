@@ -221,24 +221,18 @@ def _subprocess_env(**extra):
 
 
 def test_ctrl_c_leaves_the_database_consistent_and_resume_finishes(tmp_path):
+    """Ctrl-C while the fourth trial is being measured (the fake timer holds there and says so
+    through a file, so the interrupt always lands inside a trial, not at a random point)."""
     db = tmp_path / "c.sqlite"
+    held = tmp_path / "held"
     argv = [sys.executable, "-m", "attngen.cli", *tune_argv(db, trials=10)]
-    p = subprocess.Popen(argv, env=_subprocess_env(ATTNGEN_FAKE_TIMER_SLEEP="0.4"), cwd=REPO_ROOT,
+    p = subprocess.Popen(argv, env=_subprocess_env(ATTNGEN_FAKE_TIMER_HOLD=f"{held}:4"), cwd=REPO_ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        n = 0
-        while time.monotonic() < deadline and p.poll() is None:
-            if db.exists():
-                try:
-                    n = rows(db, "SELECT count(*) FROM attngen_trials WHERE status != 'invalid'")[0][0]
-                except sqlite3.OperationalError:
-                    n = 0
-            if n >= 3:
-                break
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None and not held.exists():
             time.sleep(0.05)
-        assert p.poll() is None, f"tune ended before Ctrl-C: {p.communicate()}"
-        time.sleep(0.2)  # most likely inside the fake timer's sleep, or the next trial's launch
+        assert held.exists() and p.poll() is None, f"tune never reached its fourth trial: {p.communicate()}"
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
     finally:  # a failed check must not leave the tuner running
