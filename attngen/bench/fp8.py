@@ -3,12 +3,15 @@ accuracy report (`--accuracy`: RMSE against float64 on outlier inputs).
 
 Every row measures, in one process on the same bf16 tensors: attngen's fp8 forward with the
 rotation (`attngen-fp8`: attention(..., precision="fp8"), the quantization prologue's time
-included), the same with the dots' partial sums promoted to fp32 every 32 products
-(`attngen-fp8-precise`: the config's precise_acc forced on), without the rotation (`attngen-fp8-norot`), the fp8 kernel alone on tensors quantized beforehand
-(`attngen-fp8-kernel`: attention_fp8), attngen's bf16 forward (`attngen`), cuDNN's bf16 SDPA
-(`cudnn`) and cuDNN's fp8 SDPA through the nvidia-cudnn-frontend package (`cudnn-fp8`: e4m3 Q, K,
-V with per-tensor descales quantized beforehand, output e4m3; "skip" when the package is not
-installed). Time: median of triton.testing.do_bench; FLOPs: 4 x B x H x D x (attended pairs).
+included), the Triton kernel instead of the warp-specialized one (`attngen-fp8-triton`) and the
+same with its dots' partial sums promoted to fp32 every 32 products (`attngen-fp8-precise`:
+precise_acc on), without the rotation (`attngen-fp8-norot`), the fp8 kernel alone on tensors
+quantized beforehand (`attngen-fp8-kernel`: attention_fp8), attngen's bf16 forward (`attngen`),
+cuDNN's bf16 SDPA (`cudnn`), cuDNN's fp8 SDPA through the nvidia-cudnn-frontend package
+(`cudnn-fp8`: e4m3 Q, K, V with per-tensor descales quantized beforehand, output e4m3; "skip" when
+the package is not installed) and a plain Triton fp8 kernel without block scales (`triton-fp8`:
+attngen.bench.triton_fp8_peer, per-tensor scales, quantized beforehand). Time: median of
+triton.testing.do_bench; FLOPs: 4 x B x H x D x (attended pairs).
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import dataclass
 import torch
 
 TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
-PROVIDERS = ("attngen-fp8", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel", "attngen", "cudnn",
-             "cudnn-fp8")
+PROVIDERS = ("attngen-fp8", "attngen-fp8-triton", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel",
+             "attngen", "cudnn", "cudnn-fp8", "triton-fp8")
 
 
 @dataclass(frozen=True)
@@ -91,24 +94,23 @@ def _cudnn_fp8(q8, k8, v8, descales, causal: bool, scale: float):
     return run
 
 
-def _precise_call(q, k, v, causal: bool):
-    """attention(..., precision="fp8") through the Triton kernel with precise_acc on (the config the
-    runtime picks, or the Triton kernel's it falls back to when that is the Gluon kernel's)."""
+def _triton_call(q, k, v, causal: bool, precise: bool):
+    """attention(..., precision="fp8") through the Triton kernel, its dots' partial sums promoted to
+    fp32 every 32 products (precise) or not: the config the runtime picks, or the Triton kernel's
+    default when that is the Gluon kernel's (which has no promotion)."""
     import dataclasses
 
     import attngen
-    from attngen.families.fwd_fp8 import Fp8Config
+    from attngen.families.fwd_fp8 import Fp8Config, triton_fp8_config
     from attngen.runtime import dispatch
-
-    from attngen.families.fwd_fp8 import triton_fp8_config
     from attngen.spec import KernelSpec
 
     cfg = Fp8Config(**attngen.explain(q, k, v, causal=causal, precision="fp8")["config"])
-    if cfg.consumers:  # the Gluon kernel has no promotion: the Triton kernel's default instead
+    if cfg.consumers:
         spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", q.shape[-1], v.shape[-1], q.shape[1] // k.shape[1],
                           "causal" if causal else "none")
         cfg = triton_fp8_config(spec)
-    cfg = dataclasses.replace(cfg, precise_acc=True)
+    cfg = dataclasses.replace(cfg, precise_acc=precise)
 
     def run():
         with dispatch.forced_config(fwd_fp8=cfg):
@@ -132,7 +134,8 @@ def _providers(case: Fp8Case, device, seed: int = 0):
     scale = 1.0 / math.sqrt(case.head_dim)
     out = {
         "attngen-fp8": lambda: attngen.attention(q, k, v, causal=case.causal, precision="fp8"),
-        "attngen-fp8-precise": _precise_call(q, k, v, case.causal),
+        "attngen-fp8-triton": _triton_call(q, k, v, case.causal, False),
+        "attngen-fp8-precise": _triton_call(q, k, v, case.causal, True),
         "attngen-fp8-norot": lambda: attngen.attention(q, k, v, causal=case.causal, precision="fp8", rotate=False),
         "attngen": lambda: attngen.attention(q, k, v, causal=case.causal),
     }
@@ -148,6 +151,9 @@ def _providers(case: Fp8Case, device, seed: int = 0):
         out["cudnn-fp8"] = _cudnn_fp8(q8, k8, v8, (qd, kd, vd), case.causal, scale)
     except ImportError:
         out["cudnn-fp8"] = None
+    from attngen.bench.triton_fp8_peer import make_call
+
+    out["triton-fp8"] = make_call(q, k, v, case.causal)
     return out
 
 
@@ -227,7 +233,8 @@ def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), devic
             with torch.no_grad():
                 outs = {"bf16": attngen.attention(q, k, v, causal=causal),
                         "fp8-rotate": attngen.attention(q, k, v, causal=causal, precision="fp8"),
-                        "fp8-rotate-precise-acc": _precise_call(q, k, v, causal)(),
+                        "fp8-rotate-triton": _triton_call(q, k, v, causal, False)(),
+                        "fp8-rotate-precise-acc": _triton_call(q, k, v, causal, True)(),
                         "fp8-norotate": attngen.attention(q, k, v, causal=causal, precision="fp8", rotate=False),
                         "fp8-per-tensor": attngen.attention_fp8(q8, k8, v8, *per_tensor, causal=causal)}
             try:

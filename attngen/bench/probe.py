@@ -126,6 +126,9 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
     # inside a warp group)
     rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
+    # byte permutes: an 8-bit register tensor unpacked into bytes and packed again (a layout change
+    # of fp8 data, or one carried over a loop)
+    rep["byte_permutes"] = len(re.findall(r"\bprmt\.b32\b", ptx))
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -201,6 +204,9 @@ def main(argv=None) -> int:
         try:
             rep = probe(launch, tmp, Path(args.dump) if args.dump else None, f"{i}_{launch.fn.__name__}")
         except Exception as exc:  # noqa: BLE001 -- a probe reports, it does not stop
+            if os.environ.get("ATTNGEN_PROBE_TRACE"):  # the whole chain of a compile error
+                import traceback
+                traceback.print_exception(exc)
             rep = {"kernel": launch.fn.__name__, "error": f"{type(exc).__name__}: {str(exc)[:400]}"}
         reports.append(rep)
         if args.json:

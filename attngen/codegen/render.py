@@ -115,7 +115,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     """Everything the templates read. options: codegen choices for A/B runs
     (benchmarks/tools/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
     "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off", "tile_order": "grouped" |
-    "lpt", "dq_reverse": "off" | "on"}; the build always uses
+    "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off"}; the build
+    always uses
     the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
@@ -163,6 +164,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "ws_bwd": spec.family == "bwd" and family("bwd").variants(spec)["ws"],
         "tile_order": tile_order,
         "dq_reverse": dq_reverse,
+        # the fp8 Gluon kernel's P to P.V's operand: through the key reorder (the prologue's PERM16)
+        # or a layout conversion (A/B; the caller then runs the prologue without PERM16)
+        "fp8_perm": options.get("fp8_perm", "on") == "on",
     }
 
 

@@ -191,10 +191,27 @@ def _scale_strides(prefix: str, s) -> dict:
     return {f"stride_{prefix}sz": s.stride(0), f"stride_{prefix}sh": s.stride(1), f"stride_{prefix}sb": s.stride(2)}
 
 
+def key_order16(launches: list[Launch]) -> bool:
+    """Whether the attention launches read V^T's keys in the Gluon kernel's order within each 16
+    (the prologue's PERM16, permute_keys16): its P goes to P.V without a layout change."""
+    return any(la.fn.__name__ == "_attn_fwd_fp8_ws" for la in launches)
+
+
+def permute_keys16(vt):
+    """V^T (..., S_pad) in natural key order -> the Gluon kernel's: position 4t + 2h + b of each 16
+    holds key 8h + 2t + b (the prologue's PERM16 for V^T made from the caller's e4m3 V)."""
+    import torch
+
+    k = torch.arange(16, device=vt.device)
+    src = 8 * ((k >> 1) & 1) + 2 * (k >> 2) + (k & 1)
+    return vt.view(*vt.shape[:-1], vt.shape[-1] // 16, 16)[..., src].view(vt.shape)
+
+
 def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, cu_q=None, cu_k=None,
-                   max_q: int = 0, max_k: int = 0) -> list[Launch]:
+                   max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
     """The prologue: Q and K rotated and quantized, V quantized and transposed, into `bufs`
-    (buffers()' names -> tensors); sgn: the rotation's signs (qk_width,)."""
+    (buffers()' names -> tensors); sgn: the rotation's signs (qk_width,); perm16: V^T's keys in
+    the Gluon kernel's order (key_order16 of the attention launches)."""
     packed = cu_q is not None
     out = []
     for x, name, cu, max_s in ((q, "q", cu_q, max_q), (k, "k", cu_k, max_k), (v, "v", cu_k, max_k)):
@@ -218,7 +235,7 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, 
             "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
             "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
             "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
-            "BLOCK": SCALE_BLOCK,
+            "BLOCK": SCALE_BLOCK, **({"PERM16": perm16} if name == "v" else {}),
         }
         entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
         out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, 4, 1))

@@ -6,7 +6,7 @@ tuning hooks. Imported by the tuner, the tests and the benchmark, never by the r
 from __future__ import annotations
 
 from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, _signs_cpu, alloc, buffers, fp8_launches,
-                                      qk_width, quant_launches, rotation_blocks, signs)
+                                      key_order16, qk_width, quant_launches, rotation_blocks, signs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -120,11 +120,10 @@ class TuningHooks:
         s, p = obj.spec, obj.problem
         cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
         b = t
+        attn = fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
+                            t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q)
         for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
-                                 p.seqlen_k):
-            la.run()
-        for la in fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
-                               t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q):
+                                 p.seqlen_k, key_order16(attn)) + attn:
             la.run()
 
     def reference(self, obj, t: dict) -> dict:

@@ -59,13 +59,15 @@ class Fp8Plan(Plan):
         if quantized:  # the caller's fp8 Q and K are used as they are; V is transposed per call
             self.bufs_shapes = {n: s for n, s in self.bufs_shapes.items() if n == "Vt"}
         out, lse = self.empty()
+        self.perm16 = False
         bufs = self.buffers(qv, kv, vv, descales)
+        attn = f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
+                               bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
+                               self.config, cu_q, cu_k, max_q)
+        self.perm16 = f8.key_order16(attn)  # V^T in the order the attention kernel reads
         launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.signs,
-                                                          cu_q, cu_k, max_q, max_k)
-        launches += f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
-                                    bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
-                                    self.config, cu_q, cu_k, max_q)
-        self.compile(launches)
+                                                          cu_q, cu_k, max_q, max_k, self.perm16)
+        self.compile(launches + attn)
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device),
@@ -86,6 +88,8 @@ class Fp8Plan(Plan):
             else:  # (B, H, S, D) -> (B, H, D, S_pad)
                 vt[..., :vv.shape[2]].copy_(vv.transpose(2, 3))
                 vt[..., vv.shape[2]:].view(torch.uint8).zero_()
+                if self.perm16:  # the Gluon kernel's key order (dense calls only)
+                    vt.view(torch.uint8).copy_(f8.permute_keys16(vt.view(torch.uint8)))
             bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
         return bufs
 

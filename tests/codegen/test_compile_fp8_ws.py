@@ -1,7 +1,9 @@
 """The warp-specialized Gluon fp8 forward (`_attn_fwd_fp8_ws`, templates/_fp8_ws.py.jinja) compiled
 for sm90 on a CPU machine (attngen.bench.probe, Triton's own ptxas): its matmuls are fp8 wgmmas
-(e4m3 x e4m3 into fp32), a wait keeps one wgmma group in flight (block j-1's P.V during block j's
-softmax), nothing spills under the launch register cap, and the shared memory is the model's."""
+(e4m3 x e4m3 into fp32), Q.K^T is waited for with one wgmma group in flight (block j-1's P.V
+during block j's softmax), P reaches P.V without shuffles or byte permutes (its layout change is a
+key reorder the prologue matches), nothing spills under the launch register cap, and the shared
+memory is the model's."""
 
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     (ws,) = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
     assert ws["kernel"] == "_attn_fwd_fp8_ws", ws
     assert ws["wgmma_types"] == ["f32.e4m3.e4m3"] and all("k32" in w for w in ws["wgmma"]), ws
-    assert 1 in ws["wait_groups"], ws
+    assert 1 in ws["wait_groups"], ws  # Q.K^T waited for with P.V in flight
     # Q8 in registers up to hd128 (A operand of Q.K^T), P always (A operand of P.V)
     assert any("A from registers" in w for w in ws["wgmma"]), ws
+    assert ws["byte_permutes"] == 0, ws
     if hd <= 128:
         assert not any("A from shared" in w for w in ws["wgmma"]), ws
     assert ws["spill_stores"] == 0 and ws["registers"] <= ws_fp8_maxnreg(spec, cfg), ws

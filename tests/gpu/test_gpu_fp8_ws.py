@@ -88,9 +88,9 @@ def prepare(c: Case, q, k, v, cfg: F.Fp8Config):
     sgn = F.signs(F.qk_width(spec), F.ROTATION_SEED, q.device)
     out = torch.empty(c.B, c.Hq, c.Sq, c.D, device=q.device, dtype=q.dtype)
     lse = torch.empty(c.B, c.Hq, c.Sq, device=q.device, dtype=torch.float32)
-    quant = F.quant_launches(mod, spec, q, k, v, bufs, sgn)
     attn = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
                           bufs["VScale"], out, lse, mask_args(c), cfg)
+    quant = F.quant_launches(mod, spec, q, k, v, bufs, sgn, perm16=F.key_order16(attn))
     return quant, attn, out, lse
 
 

@@ -111,6 +111,31 @@ def test_prologue_matches_pytorch_quantization(d, dv, sq, sk):
         assert bufs["Vt"][..., sk:].float().abs().max() == 0
 
 
+@pytest.mark.parametrize("sk", [113, 16, 1])
+def test_prologue_writes_the_warp_specialized_kernels_key_order(sk):
+    """PERM16 (the Gluon kernel's V^T): within each 16 keys, position 4t + 2h + b holds key
+    8h + 2t + b -- the order in which the accumulator's columns reach P.V's A operand
+    (_fp8_ws.py.jinja, _attn_fwd_fp8_ws_p8); the same bytes as the natural order otherwise, the
+    padding keys zero. permute_keys16 (a caller's e4m3 V) makes the same order."""
+    spec = _spec(128, 64, 1, "none")
+    mod = loader.load(spec)
+    q, k, v = random_inputs((1, 2, 20, 128), (1, 2, sk, 128), (1, 2, sk, 64), dtype=torch.bfloat16, seed=5)
+    outs = []
+    for perm in (False, True):
+        bufs = _poisoned(f8.alloc(f8.buffers(spec, q, k, v, False), "cpu"))
+        for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.signs(f8.qk_width(spec), 0, "cpu"), perm16=perm):
+            la.run()
+        outs.append(bufs["Vt"].view(torch.uint8).clone())
+    natural, perm = outs
+    pad = natural.shape[-1]
+    key = torch.arange(pad)
+    pos = key - key % 16 + 4 * ((key % 16 >> 1) & 3) + 2 * (key % 16 >> 3) + (key % 2)
+    assert sorted(pos.tolist()) == list(range(pad)) and not torch.equal(pos, key)
+    assert torch.equal(perm[..., pos], natural)
+    assert torch.equal(f8.permute_keys16(natural), perm)
+    assert (natural[..., sk:] == 0).all()
+
+
 # ------------------------------------------------------------------------------------------------
 # the attention kernel
 
