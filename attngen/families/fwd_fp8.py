@@ -199,12 +199,30 @@ def key_order16(launches: list[Launch]) -> bool:
 
 def permute_keys16(vt):
     """V^T (..., S_pad) in natural key order -> the Gluon kernel's: position 4t + 2h + b of each 16
-    holds key 8h + 2t + b (the prologue's PERM16 for V^T made from the caller's e4m3 V)."""
+    holds key 8h + 2t + b, i.e. the key index's digits (h, t, b) (radix 2, 4, 2) reordered to
+    (t, h, b) -- a view and one copy."""
+    return vt.unflatten(-1, (vt.shape[-1] // 16, 2, 4, 2)).transpose(-3, -2).flatten(-4)
+
+
+def transpose_v(v, vt, perm16: bool) -> None:
+    """A caller's e4m3 V (B, H, S, D) into V^T (B, H, D, S_pad) (keys contiguous, zero padding),
+    in the Gluon kernel's key order when perm16: one copy for the whole groups of 16 keys, one
+    small one for the last, partial group."""
     import torch
 
-    k = torch.arange(16, device=vt.device)
-    src = 8 * ((k >> 1) & 1) + 2 * (k >> 2) + (k & 1)
-    return vt.view(*vt.shape[:-1], vt.shape[-1] // 16, 16)[..., src].view(vt.shape)
+    src, dst = v.view(torch.uint8).transpose(2, 3), vt.view(torch.uint8)
+    S, full = src.shape[-1], src.shape[-1] // 16 * 16
+    if not perm16:
+        dst[..., :S].copy_(src)
+        dst[..., S:].zero_()
+        return
+    if full:
+        dst[..., :full].unflatten(-1, (full // 16, 4, 2, 2)).copy_(
+            src[..., :full].unflatten(-1, (full // 16, 2, 4, 2)).transpose(-3, -2))
+    if S > full:
+        tail = dst.new_zeros(*dst.shape[:-1], 16)
+        tail[..., :S - full].copy_(src[..., full:])
+        dst[..., full:full + 16].copy_(permute_keys16(tail))
 
 
 def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, cu_q=None, cu_k=None,

@@ -85,11 +85,8 @@ class Fp8Plan(Plan):
             if self.packed:  # (T, H, D) -> (H, D, T_pad)
                 vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
                 vt[..., vv.shape[0]:].view(torch.uint8).zero_()
-            else:  # (B, H, S, D) -> (B, H, D, S_pad)
-                vt[..., :vv.shape[2]].copy_(vv.transpose(2, 3))
-                vt[..., vv.shape[2]:].view(torch.uint8).zero_()
-                if self.perm16:  # the Gluon kernel's key order (dense calls only)
-                    vt.view(torch.uint8).copy_(f8.permute_keys16(vt.view(torch.uint8)))
+            else:  # (B, H, S, D) -> (B, H, D, S_pad), in the Gluon kernel's key order when it runs
+                f8.transpose_v(vv, vt, self.perm16)
             bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
         return bufs
 

@@ -134,6 +134,14 @@ def test_prologue_writes_the_warp_specialized_kernels_key_order(sk):
     assert torch.equal(perm[..., pos], natural)
     assert torch.equal(f8.permute_keys16(natural), perm)
     assert (natural[..., sk:] == 0).all()
+    # a caller's e4m3 V (attention_fp8) transposed into either order, padding zeroed
+    v8 = (v * 8).to(torch.float8_e4m3fn)
+    want = torch.zeros_like(natural)
+    want[..., :sk] = v8.view(torch.uint8).transpose(2, 3)
+    for order, expect in ((False, want), (True, f8.permute_keys16(want))):
+        vt = torch.full_like(natural, 0x7F).view(torch.float8_e4m3fn)  # poisoned (e4m3 NaN)
+        f8.transpose_v(v8, vt, order)
+        assert torch.equal(vt.view(torch.uint8), expect), order
 
 
 # ------------------------------------------------------------------------------------------------
