@@ -103,10 +103,13 @@ class Fp8Plan(Plan):
         calls.append({"Q": bufs["Q8"], "K": bufs["K8"], "Vt": bufs["Vt"], "Out": self.out_view(out), "Lse": lse,
                       "QScale": bufs["QScale"], "KScale": bufs["KScale"], "VScale": bufs["VScale"],
                       "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
+        # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the
+        # caller's tensors decide (the buffers and outputs come from torch's allocator), once a call
+        aligned = all(t.data_ptr() % 16 == 0 for t in (qv, kv, vv, cu_q, cu_k, *(descales or ())) if t is not None)
         for launch, descs, tensors in zip(self.launches, self.descriptors, calls):
             if descs:  # the Gluon kernel: its descriptors around this call's tensors
                 tensors = {**tensors, **make_descriptors(descs, tensors)}
-            launch(tensors, all(t.data_ptr() % 16 == 0 for t in tensors.values() if isinstance(t, torch.Tensor)))
+            launch(tensors, aligned)
         return out, lse
 
     def bind_shadows(self) -> None:  # no portable twin: the key carries the inputs' alignment
