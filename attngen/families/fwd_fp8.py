@@ -191,10 +191,10 @@ def _scale_strides(prefix: str, s) -> dict:
     return {f"stride_{prefix}sz": s.stride(0), f"stride_{prefix}sh": s.stride(1), f"stride_{prefix}sb": s.stride(2)}
 
 
-def key_order16(launches: list[Launch]) -> bool:
+def key_order16(mod: ModuleType, launches: list[Launch]) -> bool:
     """Whether the attention launches read V^T's keys in the Gluon kernel's order within each 16
-    (the prologue's PERM16, permute_keys16): its P goes to P.V without a layout change."""
-    return any(la.fn.__name__ == "_attn_fwd_fp8_ws" for la in launches)
+    (the prologue's PERM16, permute_keys16): the Gluon kernel runs and its module says so."""
+    return getattr(mod, "WS_KEY_ORDER16", False) and any(la.fn.__name__ == "_attn_fwd_fp8_ws" for la in launches)
 
 
 def permute_keys16(vt):

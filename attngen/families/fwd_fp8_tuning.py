@@ -123,7 +123,7 @@ class TuningHooks:
         attn = fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
                             t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q)
         for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
-                                 p.seqlen_k, key_order16(attn)) + attn:
+                                 p.seqlen_k, key_order16(obj.mod, attn)) + attn:
             la.run()
 
     def reference(self, obj, t: dict) -> dict:

@@ -64,7 +64,7 @@ class Fp8Plan(Plan):
         attn = f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
                                bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
                                self.config, cu_q, cu_k, max_q)
-        self.perm16 = f8.key_order16(attn)  # V^T in the order the attention kernel reads
+        self.perm16 = f8.key_order16(self.module, attn)  # V^T in the order the attention kernel reads
         launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.signs,
                                                           cu_q, cu_k, max_q, max_k, self.perm16)
         self.compile(launches + attn)

@@ -104,3 +104,5 @@ def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
     odd = torch.empty(B, 2 * hkv, S, D + 1, dtype=torch.bfloat16)[..., :D]  # rows of 258 bytes
     slow = launch(odd, True)  # (the fallback config follows the tensors' device: the CPU's here)
     assert slow.fn.__name__ == "_attn_fwd_fp8" and slow.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m
+    # the prologue writes V^T in the Gluon kernel's key order exactly when that kernel runs
+    assert F.key_order16(mod, [ws]) and not F.key_order16(mod, [cpu]) and not F.key_order16(mod, [slow])

@@ -90,7 +90,7 @@ def prepare(c: Case, q, k, v, cfg: F.Fp8Config):
     lse = torch.empty(c.B, c.Hq, c.Sq, device=q.device, dtype=torch.float32)
     attn = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
                           bufs["VScale"], out, lse, mask_args(c), cfg)
-    quant = F.quant_launches(mod, spec, q, k, v, bufs, sgn, perm16=F.key_order16(attn))
+    quant = F.quant_launches(mod, spec, q, k, v, bufs, sgn, perm16=F.key_order16(mod, attn))
     return quant, attn, out, lse
 
 
