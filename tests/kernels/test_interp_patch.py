@@ -30,7 +30,8 @@ def test_unpatched_bf16_dot_is_wrong(monkeypatch):
     from triton.runtime import interpreter as ti
 
     monkeypatch.setattr(ti.InterpreterBuilder, "create_dot", interp.ORIGINAL_CREATE_DOT)
-    a, b = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).bfloat16()
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(16, 16, generator=g).bfloat16(), torch.randn(16, 16, generator=g).bfloat16()
     want = a.float() @ b.float()
     assert not torch.allclose(_run(a, b), want, atol=1e-2), \
         "Triton's interpreter now computes bf16 dots right: drop attngen.interp's patch"
@@ -38,7 +39,8 @@ def test_unpatched_bf16_dot_is_wrong(monkeypatch):
 
 def test_patched_bf16_dot_is_right():
     interp.patch_interpreter()
-    a, b = torch.randn(16, 16).bfloat16(), torch.randn(16, 16).bfloat16()
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(16, 16, generator=g).bfloat16(), torch.randn(16, 16, generator=g).bfloat16()
     torch.testing.assert_close(_run(a, b), a.float() @ b.float(), atol=1e-5, rtol=1e-5)
     a16, b16 = a.half(), b.half()  # the patch leaves other dtypes alone
     torch.testing.assert_close(_run(a16, b16), a16.float() @ b16.float(), atol=1e-2, rtol=1e-3)
@@ -57,7 +59,7 @@ def test_patched_descriptor_reduce_adds_and_clips():
 
     interp.patch_interpreter()
     acc = torch.full((20, 32), 1.0)
-    x = torch.randn(16, 32)
+    x = torch.randn(16, 32, generator=torch.Generator().manual_seed(3))
     _reduce_add[(3,)](TensorDescriptor(acc, [20, 32], [32, 1], [16, 32]), x, 16, 32)
     torch.testing.assert_close(acc[12:], 1.0 + 3 * x[:8])
     assert (acc[:12] == 1.0).all()
@@ -97,7 +99,7 @@ def test_patched_fp8_downcast_rounds_to_nearest_even_and_saturates():
     want = E4M3_CASES.clamp(-448, 448).to(torch.float8_e4m3fn).float()
     assert torch.equal(got, want), (got, want)
     assert got[:6].tolist() == [2.0, 96.0, 1.0, 1.25, 448.0, -448.0]
-    x = torch.randn(4096) * torch.logspace(-3, 3, 4096)  # every exponent, random mantissas
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(2)) * torch.logspace(-3, 3, 4096)  # every exponent
     assert torch.equal(_e4m3(x), x.clamp(-448, 448).to(torch.float8_e4m3fn).float())
     xh = x.clamp(-60000, 60000).half()  # an fp16 source takes the same path
     assert torch.equal(_e4m3(xh), xh.float().clamp(-448, 448).to(torch.float8_e4m3fn).float())
