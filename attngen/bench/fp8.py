@@ -217,10 +217,12 @@ def outlier_inputs(shape, seed: int, device):
 
 def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), device="cuda") -> list[dict]:
     """{case, hd, causal, variant, rmse} for bf16, fp8 with rotation (and with its partial sums
-    promoted to fp32 every 32 products), fp8 without rotation, and fp8 with one descale per tensor
-    and no rotation (the baseline, cuDNN's fp8 quantization), and cuDNN's fp8 SDPA on those per-tensor
-    e4m3 inputs when nvidia-cudnn-frontend is installed."""
+    promoted to fp32 every 32 products), fp8 without rotation, fp8 with one descale per tensor
+    without rotation (the baseline, cuDNN's fp8 quantization) and with it (Q and K rotated in
+    PyTorch, then quantized per tensor), and cuDNN's fp8 SDPA on the per-tensor e4m3 inputs when
+    nvidia-cudnn-frontend is installed."""
     import attngen
+    from attngen.families.fwd_fp8_tuning import rotation_matrix
     from attngen.problem import attention_ref
 
     recs = []
@@ -230,13 +232,17 @@ def accuracy(seqlen: int = 2048, heads: int = 8, head_dims=(64, 128, 256), devic
             ref, _ = attention_ref(q, k, v, causal=causal)
             (q8, qd), (k8, kd), (v8, vd) = (_per_tensor_e4m3(x) for x in (q, k, v))
             per_tensor = [d.reshape(1, 1).expand(1, heads).contiguous() for d in (qd, kd, vd)]
+            m = rotation_matrix(hd).to(device)
+            (q8r, qdr), (k8r, kdr) = (_per_tensor_e4m3((x.double() @ m).float()) for x in (q, k))
+            per_tensor_rot = [d.reshape(1, 1).expand(1, heads).contiguous() for d in (qdr, kdr, vd)]
             with torch.no_grad():
                 outs = {"bf16": attngen.attention(q, k, v, causal=causal),
                         "fp8-rotate": attngen.attention(q, k, v, causal=causal, precision="fp8"),
                         "fp8-rotate-triton": _triton_call(q, k, v, causal, False)(),
                         "fp8-rotate-precise-acc": _triton_call(q, k, v, causal, True)(),
                         "fp8-norotate": attngen.attention(q, k, v, causal=causal, precision="fp8", rotate=False),
-                        "fp8-per-tensor": attngen.attention_fp8(q8, k8, v8, *per_tensor, causal=causal)}
+                        "fp8-per-tensor": attngen.attention_fp8(q8, k8, v8, *per_tensor, causal=causal),
+                        "fp8-per-tensor-rotate": attngen.attention_fp8(q8r, k8r, v8, *per_tensor_rot, causal=causal)}
             try:
                 outs["cudnn-fp8"] = _cudnn_fp8(q8, k8, v8, (qd, kd, vd), causal, 1.0 / math.sqrt(hd))().float()
             except ImportError:

@@ -183,10 +183,14 @@ def main(argv=None) -> int:
     _, wl, wr = mask_kind(causal, wsz)
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
-    if args.family == "fwd_fp8":  # the attention launch over the prologue's tensors (dense)
+    if args.family == "fwd_fp8":  # the prologue (Q rotated, and not), then the attention launch (dense)
         bufs = fwd_fp8.alloc(fwd_fp8.buffers(spec, q, k, v, False), q.device)
         launches = fwd_fp8.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
                                         bufs["KScale"], bufs["VScale"], out, lse, margs, cfg, gluon=True)
+        rot = fwd_fp8.rotation(fwd_fp8.qk_width(spec), fwd_fp8.ROTATION_SEED, dt, q.device)
+        perm = fwd_fp8.key_order16(mod, launches)
+        quant = fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=perm)
+        launches = [quant[0], quant[2], fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, None)[0], *launches]
     elif args.family == "fwd" and args.varlen:
         packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)

@@ -104,18 +104,33 @@ def default_decode_config(spec: KernelSpec, device_kind: str = "cuda") -> Decode
     return DecodeConfig(128, 8, 2)
 
 
+# a paged cache's default up to hd128: 64-key steps, 3 stages. Paged by 16, the paged kernel at
+# (64, 4, 3) read at 0.98-1.02x the contiguous one at the same config and at >= 0.98x the
+# contiguous default (128, 8, 2) on the rows measured (H200 lab A/B, docs/notes.md), where at
+# (128, 8, 2) it stayed at 0.72-0.79x
+PAGED_DECODE_DEFAULT = DecodeConfig(64, 4, 3)
+
+
+def paged_default(spec: KernelSpec, device_kind: str = "cuda") -> DecodeConfig:
+    """The default config of a paged call (the family default's for CPUs and wide heads)."""
+    if device_kind == "cpu" or max(spec.head_dim_qk, spec.head_dim_v) > 128:
+        return default_decode_config(spec, device_kind)
+    return PAGED_DECODE_DEFAULT
+
+
 def variants(spec: KernelSpec) -> dict[str, bool]:
     return {}
 
 
 def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
-                    new_len: int = 0) -> list:
+                    new_len: int = 0, k_descale=None, v_descale=None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
-    (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D) with block_table (B, max_pages)
-    int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of partial_shapes() (unused
-    with one split). cache_seqlens (B,) int32: keys already in each row's cache (new_len more are
-    seen by this call), or None: every row holds k_cache.shape[1] keys."""
+    (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
+    block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
+    partial_shapes() (unused with one split). cache_seqlens (B,) int32: keys already in each
+    row's cache (new_len more are seen by this call), or None: every row holds k_cache.shape[1]
+    keys. An e4m3 cache: k_descale / v_descale fp32 (B, Hkv) or None (1.0)."""
     require_valid_decode(spec, cfg)
     B, sq, hq, _ = q.shape
     hkv = k_cache.shape[2]
@@ -125,20 +140,22 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     split = num_splits > 1
     values = {
         "Q": q, "K": k_cache, "V": v_cache, "Out": out, "Lse": lse, "OutP": out_part, "LseP": lse_part,
-        "CacheSeqlens": cache_seqlens, "BlockTable": block_table,
+        "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale, "VDescale": v_descale,
         "stride_qz": q.stride(0), "stride_qm": q.stride(1), "stride_qh": q.stride(2),
         "stride_kz": k_cache.stride(0), "stride_kn": k_cache.stride(1), "stride_kh": k_cache.stride(2),
         "stride_vz": v_cache.stride(0), "stride_vn": v_cache.stride(1), "stride_vh": v_cache.stride(2),
         "stride_oz": out.stride(0), "stride_om": out.stride(1), "stride_oh": out.stride(2),
         "stride_lz": lse.stride(0), "stride_lh": lse.stride(1), "stride_lm": lse.stride(2),
         "stride_bt": block_table.stride(0) if paged else 0,
+        **{f"stride_{n}d{a}": (0 if d is None else d.stride(i)) for n, d in (("k", k_descale), ("v", v_descale))
+           for i, a in enumerate("zh")},
         "num_kv_heads": hkv, "seqlen_q": sq, "seqlen_k": 0 if cache_seqlens is not None else k_cache.shape[1],
         "new_len": new_len, "split_len": split_len, "num_splits": num_splits,
         "page_size": k_cache.shape[1] if paged else 1,
         "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
-        "SPLIT": split,
+        "SPLIT": split, "K_DESCALE": k_descale is not None, "V_DESCALE": v_descale is not None,
     }
     grid = programs(num_splits * hkv, B, "q") if B and sq else 0
     launches = [Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages)]

@@ -146,15 +146,38 @@ def _signs_cpu(width: int, seed: int):
     return (torch.randint(0, 2, (width,), generator=g) * 2 - 1).float()
 
 
-_SIGNS: dict = {}
+def hadamard(n: int, dtype=None):
+    """The Walsh-Hadamard matrix of order n (a power of two), entries +-1 (Sylvester's order)."""
+    import torch
+
+    h = torch.ones(1, 1, dtype=dtype or torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
 
 
-def signs(width: int, seed: int, device):
-    """The rotation's random signs (width,) fp32 +-1 for `seed`, one copy per device."""
-    key = (width, seed, str(device))
-    t = _SIGNS.get(key)
+def signed_hadamard(width: int, seed: int):
+    """The prologue's rotation before its 1 / sqrt(w) factors (width x width, float64): diag(s) H_w
+    on each diagonal block of rotation_blocks(width), zeros elsewhere; entries +-1, exact in any
+    16-bit dtype."""
+    import torch
+
+    m = torch.zeros(width, width, dtype=torch.float64)
+    for off, bw in rotation_blocks(width):
+        m[off:off + bw, off:off + bw] = hadamard(bw)
+    return _signs_cpu(width, seed).double()[:, None] * m
+
+
+_ROT: dict = {}
+
+
+def rotation(width: int, seed: int, dtype, device):
+    """signed_hadamard(width, seed) in the inputs' 16-bit `dtype` on `device` (the Q / K prologue's
+    Rot), one copy per (width, seed, dtype, device)."""
+    key = (width, seed, dtype, str(device))
+    t = _ROT.get(key)
     if t is None:
-        t = _SIGNS[key] = _signs_cpu(width, seed).to(device)
+        t = _ROT[key] = signed_hadamard(width, seed).to(dtype).to(device)
     return t
 
 
@@ -225,11 +248,19 @@ def transpose_v(v, vt, perm16: bool) -> None:
         dst[..., full:full + 16].copy_(permute_keys16(tail))
 
 
-def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, cu_q=None, cu_k=None,
+def quant_warps(width: int) -> int:
+    """The prologue's warps for a block of SCALE_BLOCK rows x `width` columns: 64 fp32 values a
+    thread (at 4 warps ptxas spilled 300-470 bytes a thread at hd128; attngen.bench.probe)."""
+    return 8 if width <= 128 else 16
+
+
+
+def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
-    """The prologue: Q and K rotated and quantized, V quantized and transposed, into `bufs`
-    (buffers()' names -> tensors); sgn: the rotation's signs (qk_width,); perm16: V^T's keys in
-    the Gluon kernel's order (key_order16 of the attention launches)."""
+    """The prologue: Q and K rotated (rot: rotation(qk_width, seed, q.dtype, device); None: no
+    rotation) and quantized, V quantized and transposed, into `bufs` (buffers()' names ->
+    tensors); perm16: V^T's keys in the Gluon kernel's order (key_order16 of the attention
+    launches)."""
     packed = cu_q is not None
     out = []
     for x, name, cu, max_s in ((q, "q", cu_q, max_q), (k, "k", cu_k, max_k), (v, "v", cu_k, max_k)):
@@ -248,15 +279,16 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, sgn, 
             ys = ((tgt.stride(0), tgt.stride(1), 1, tgt.stride(2)) if name == "v" else tgt.stride())
         blocks = -(-rows // SCALE_BLOCK)
         values = {
-            "X": x, "X8": tgt, "Scale": scale, "Signs": sgn, "cu_seqlens": cu,
+            "X": x, "X8": tgt, "Scale": scale, "Rot": rot, "cu_seqlens": cu,
             "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
             "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
             "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
             "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
-            "BLOCK": SCALE_BLOCK, **({"PERM16": perm16} if name == "v" else {}),
+            "BLOCK": SCALE_BLOCK, **({"PERM16": perm16} if name == "v" else {"ROTATE": rot is not None}),
         }
         entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
-        out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, 4, 1))
+        warps = quant_warps(x.shape[-1] if name == "v" else qk_width(spec))
+        out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, warps, 1))
     return out
 
 
@@ -306,12 +338,39 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
     return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]
 
 
-def alloc(shapes: dict, device) -> dict:
-    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`."""
+ALLOC_ALIGN = 128  # bytes between buffers of one allocation (TMA wants 16-byte aligned bases)
+
+
+def alloc_layout(shapes: dict) -> tuple:
+    """buffers()' shapes as views of one allocation per kind: ((kind, elements), ...) and
+    ((name, kind, shape, strides, offset), ...), contiguous, each view's base ALLOC_ALIGN-aligned.
+    A plan keeps it, so a call pays two allocations instead of six."""
+    size = {"fp8": 1, "fp32": 4}
+    ends, views = {}, []
+    for name, (shape, kind) in shapes.items():
+        step = ALLOC_ALIGN // size[kind]
+        off = -(-ends.get(kind, 0) // step) * step
+        strides, n = [], 1
+        for dim in reversed(shape):
+            strides.insert(0, n)
+            n *= dim
+        views.append((name, kind, tuple(shape), tuple(strides), off))
+        ends[kind] = off + n
+    return tuple(ends.items()), tuple(views)
+
+
+def carve(layout: tuple, device) -> dict:
+    """alloc_layout()'s views on fresh memory: {name: tensor}."""
     import torch
 
     kinds = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32}
-    return {n: torch.empty(shape, dtype=kinds[kind], device=device) for n, (shape, kind) in shapes.items()}
+    flat = {kind: torch.empty(max(n, 1), dtype=kinds[kind], device=device) for kind, n in layout[0]}
+    return {name: flat[kind].as_strided(shape, strides, off) for name, kind, shape, strides, off in layout[1]}
+
+
+def alloc(shapes: dict, device) -> dict:
+    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`, one allocation per kind."""
+    return carve(alloc_layout(shapes), device)
 
 
 FAMILY = Family(

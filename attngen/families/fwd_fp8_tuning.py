@@ -5,23 +5,14 @@ tuning hooks. Imported by the tuner, the tests and the benchmark, never by the r
 
 from __future__ import annotations
 
-from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, _signs_cpu, alloc, buffers, fp8_launches,
-                                      key_order16, qk_width, quant_launches, rotation_blocks, signs)
+from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, alloc, buffers, fp8_launches,
+                                      key_order16, qk_width, quant_launches, rotation, rotation_blocks,
+                                      signed_hadamard)
 
 
 # ------------------------------------------------------------------------------------------------
 # the same computation in PyTorch: the reference the flash-attn rule compares with (error of the
 # kernel <= factor x error of this, both against float64 on the unquantized inputs)
-
-
-def hadamard(n: int, dtype=None):
-    """The Walsh-Hadamard matrix of order n (a power of two), entries +-1 (Sylvester's order)."""
-    import torch
-
-    h = torch.ones(1, 1, dtype=dtype or torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h
 
 
 def rotation_matrix(head_dim: int, seed: int = ROTATION_SEED):
@@ -30,10 +21,10 @@ def rotation_matrix(head_dim: int, seed: int = ROTATION_SEED):
     import torch
 
     w = -(-head_dim // 16) * 16
-    m = torch.zeros(w, w, dtype=torch.float64)
+    norm = torch.zeros(w, dtype=torch.float64)
     for off, bw in rotation_blocks(w):
-        m[off:off + bw, off:off + bw] = hadamard(bw) / bw ** 0.5
-    return (_signs_cpu(w, seed).double()[:, None] * m)[:head_dim]
+        norm[off:off + bw] = bw ** -0.5
+    return (signed_hadamard(w, seed) * norm[None, :])[:head_dim]
 
 
 def quantize_ref(x, block: int = SCALE_BLOCK):
@@ -113,7 +104,7 @@ class TuningHooks:
         mx = (obj.problem.seqlen_q, obj.problem.seqlen_k)
         # the fp8 buffers (Q8, K8, Vt, the descales) beside the inputs: one flat dict of tensors
         t.update(alloc(buffers(s, t["q"], t["k"], t["v"], s.varlen, *mx, cu_q=cu[0]), obj.device))
-        t["signs"] = signs(qk_width(s), ROTATION_SEED, obj.device)
+        t["rot"] = rotation(qk_width(s), ROTATION_SEED, t["q"].dtype, obj.device)
         return t
 
     def launch(self, obj, cfg, t: dict) -> None:
@@ -122,7 +113,7 @@ class TuningHooks:
         b = t
         attn = fp8_launches(obj.mod, s, b["Q8"], b["K8"], b["Vt"], b["QScale"], b["KScale"], b["VScale"],
                             t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q)
-        for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["signs"], cu_q, cu_k, p.seqlen_q,
+        for la in quant_launches(obj.mod, s, t["q"], t["k"], t["v"], b, t["rot"], cu_q, cu_k, p.seqlen_q,
                                  p.seqlen_k, key_order16(obj.mod, attn)) + attn:
             la.run()
 

@@ -53,11 +53,12 @@ class Fp8Plan(Plan):
         self.out_dtype, self.max = out_dtype, (max_q, max_k)
         self.resolve(q, d, opts, packed)
         self.device = q.device
-        self.signs = f8.signs(f8.qk_width(self.spec), seed, q.device) if rotate else torch.ones(
-            f8.qk_width(self.spec), device=q.device)
+        # the rotation's +-1 matrix in the inputs' dtype (None: no rotation, or e4m3 inputs)
+        self.rot = f8.rotation(f8.qk_width(self.spec), seed, q.dtype, q.device) if rotate and not quantized else None
         self.bufs_shapes = f8.buffers(self.spec, qv, kv, vv, packed, max_q, max_k, cu_q)
         if quantized:  # the caller's fp8 Q and K are used as they are; V is transposed per call
             self.bufs_shapes = {n: s for n, s in self.bufs_shapes.items() if n == "Vt"}
+        self.bufs_layout = f8.alloc_layout(self.bufs_shapes)
         out, lse = self.empty()
         self.perm16 = False
         bufs = self.buffers(qv, kv, vv, descales)
@@ -65,7 +66,7 @@ class Fp8Plan(Plan):
                                bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
                                self.config, cu_q, cu_k, max_q)
         self.perm16 = f8.key_order16(self.module, attn)  # V^T in the order the attention kernel reads
-        launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.signs,
+        launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.rot,
                                                           cu_q, cu_k, max_q, max_k, self.perm16)
         self.compile(launches + attn)
 
@@ -79,7 +80,7 @@ class Fp8Plan(Plan):
     def buffers(self, qv, kv, vv, descales) -> dict:
         """The call's fp8 tensors and descales: the prologue's outputs, or (quantized) the caller's
         Q8 / K8, V transposed into a buffer, and the descales as (B or docs, heads, blocks) views."""
-        bufs = f8.alloc(self.bufs_shapes, self.device)
+        bufs = f8.carve(self.bufs_layout, self.device)
         if self.quantized:
             vt = bufs["Vt"]
             if self.packed:  # (T, H, D) -> (H, D, T_pad)
@@ -98,7 +99,7 @@ class Fp8Plan(Plan):
         n_quant = len(self.launches) - 1
         calls = [] if self.quantized else [
             {"X": x, "X8": bufs["Vt" if n == "v" else n.upper() + "8"], "Scale": bufs[n.upper() + "Scale"],
-             "Signs": self.signs, "cu_seqlens": cu}
+             "Rot": self.rot, "cu_seqlens": cu}
             for x, n, cu in ((qv, "q", cu_q), (kv, "k", cu_k), (vv, "v", cu_k))][:n_quant]
         calls.append({"Q": bufs["Q8"], "K": bufs["K8"], "Vt": bufs["Vt"], "Out": self.out_view(out), "Lse": lse,
                       "QScale": bufs["QScale"], "KScale": bufs["KScale"], "VScale": bufs["VScale"],

@@ -23,6 +23,8 @@ from attngen.runtime import dispatch, validate
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache
 
+E4M3 = torch.float8_e4m3fn
+
 DECODE = family("decode")
 decode_launches = DECODE.launches()
 # dense attention() calls go to the decode family with at most MAX_QUERY query tokens and at least
@@ -38,13 +40,16 @@ class DecodePlan(Plan):
     ALIGNED = ("Q", "K", "V")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
-                 num_splits: int = 0, out_layout: str = "bshd"):
+                 num_splits: int = 0, out_layout: str = "bshd", descales=(None, None)):
         B, sq, hq, dqk = q.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
         self.opts, self.dtype = opts, q.dtype
         self.resolve(q, Dims(hq, hkv, dqk, dv, bucket_of(sq, capacity, B * hq)), opts, False)
+        if paged and self.config_source == "default":  # tuned winners are measured contiguous
+            self.config = fam_decode.paged_default(self.spec, self.device_class)
+            self.config_source = "default (paged)"
         if num_splits:
             self.config = dataclasses.replace(self.config, num_splits=num_splits)
             self.config_source += " (num_splits given)"
@@ -62,7 +67,7 @@ class DecodePlan(Plan):
         self.compile(decode_launches(self.module, self.spec, q, k_cache, v_cache, self.out_view(out), lse, op, lp,
                                      opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
-                                     new_len))
+                                     new_len, *descales))
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -77,12 +82,13 @@ class DecodePlan(Plan):
         return (torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device),
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
-    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None):
+    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None):
         """(out in the plan's layout, lse (B, Hq, Sq))."""
         out, lse = self.empty()
         op, lp = self.partials()
         self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
-                     "CacheSeqlens": cache_seqlens, "BlockTable": block_table})
+                     "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
+                     "VDescale": v_descale})
         return out, lse
 
 
@@ -126,12 +132,28 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> int:
-    """Shape, dtype and device checks that need no device-to-host copy; returns new_len."""
-    dtype = validate.check_tensors({"q": q, "k_cache": k_cache, "v_cache": v_cache}, 4,
-                              "(B, S, H, D) (paged caches: (num_pages, page_size, H, D))")
+def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=None, v_descale=None) -> int:
+    """Shape, dtype and device checks that need no device-to-host copy; returns new_len. The caches
+    hold q's dtype, or e4m3 (an fp8 cache: k_descale / v_descale fp32 (B, Hkv) or None, 1.0)."""
+    doc = "(B, S, H, D) (paged caches: (num_pages, page_size, H, D))"
+    dtype = validate.check_tensors({"q": q}, 4, doc)
+    cache_dtype = validate.check_tensors({"k_cache": k_cache, "v_cache": v_cache}, 4, doc, dtypes=(dtype, E4M3))
+    if k_cache.device != q.device:
+        _fail(f"k_cache: on {k_cache.device}, but q is on {q.device}")
     B, sq, hq, d = q.shape
     _, s_c, hkv, dk = k_cache.shape
+    for name, ds in (("k_descale", k_descale), ("v_descale", v_descale)):
+        if ds is None:
+            continue
+        if cache_dtype != E4M3:
+            _fail(f"{name}: only for float8_e4m3fn caches (the caches are {cache_dtype})")
+        if not isinstance(ds, torch.Tensor) or ds.dtype != torch.float32:
+            _fail(f"{name}: expected an fp32 torch.Tensor ({B}, {hkv}), got "
+                  f"{ds.dtype if isinstance(ds, torch.Tensor) else type(ds).__name__}")
+        if tuple(ds.shape) != (B, hkv):
+            _fail(f"{name}: expected shape ({B}, {hkv}) (batch, KV heads), got {tuple(ds.shape)}")
+        if ds.device != q.device:
+            _fail(f"{name}: on {ds.device}, but q is on {q.device}")
     if v_cache.shape[:3] != k_cache.shape[:3]:
         _fail(f"v_cache: shape {tuple(v_cache.shape)} differs from k_cache's {tuple(k_cache.shape)} before the head dim")
     validate.check_heads(hq, hkv, v_cache.shape[2], d, dk, v_cache.shape[3])
@@ -185,10 +207,19 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table) -> int:
     return new_len
 
 
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+def _to_e4m3(x, descale):
+    """x (B, n, Hkv, D) quantized for an fp8 cache whose values are x8 * descale (B, Hkv)."""
+    x = x.float() if descale is None else x.float() / descale[:, None, :, None]
+    return x.clamp(-448.0, 448.0).to(E4M3)
+
+
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale=None, v_descale=None) -> None:
     """Write k / v (B, n, Hkv, D) into the caches at positions cache_seqlens[b] + [0, n), in place,
-    with device-side index arithmetic (no host copy)."""
+    with device-side index arithmetic (no host copy); into an fp8 cache divided by its descales
+    and rounded to e4m3 (saturating at 448)."""
     B, n = k.shape[:2]
+    if k_cache.dtype == E4M3:
+        k, v = _to_e4m3(k, k_descale), _to_e4m3(v, v_descale)
     pos = cache_seqlens.long()[:, None] + torch.arange(n, device=k.device)
     if block_table is None:
         rows = torch.arange(B, device=k.device)[:, None].expand(B, n)
@@ -201,15 +232,17 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
         v_cache[page, pos % size] = v
 
 
-def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0):
+def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0,
+                 k_descale=None, v_descale=None):
     """(out, lse) of a checked call; the body of the custom op."""
     if k is not None:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale, v_descale)
+    descales = (None if k_descale is None else k_descale.stride(), None if v_descale is None else v_descale.stride())
     key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
-           q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
-           block_table.stride()), new_len, num_splits, dispatch.override())
+           k_cache.dtype, q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
+           block_table.stride()), new_len, num_splits, descales, dispatch.override())
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, DecodePlan(q, k_cache, v_cache, opts, cache_seqlens, block_table, new_len,
-                                                   num_splits))
-    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+                                          num_splits, descales=(k_descale, v_descale)))
+    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale)

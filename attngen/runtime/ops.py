@@ -75,9 +75,11 @@ def attention_fwd(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: "validate.O
 def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
              k: Optional[torch.Tensor], v: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
              scale: float, softcap: float, window_left: int, window_right: int, mask: str,
-             new_len: int, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+             new_len: int, num_splits: int, k_descale: Optional[torch.Tensor] = None,
+             v_descale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     opts = _opts(scale, softcap, window_left, window_right, mask, False, "bshd")
-    return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits)
+    return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits,
+                                k_descale, v_descale)
 
 
 @_kvcache.register_fake
@@ -86,9 +88,10 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
     return q.new_empty(B, sq, hq, v_cache.shape[3]), q.new_empty(B, hq, sq, dtype=torch.float32)
 
 
-def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int):
+def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int,
+                      k_descale=None, v_descale=None):
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
-                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits)
+                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale)
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -122,7 +122,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
                            causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
-                           num_splits=0):
+                           num_splits=0, k_descale=None, v_descale=None):
     """Attention of a short query on a KV cache (decoding), split over the key axis.
 
     q (B, Sq, Hq, D), Sq from 1 to 16; caches (B, S_max, Hkv, D), or paged (num_pages, page_size,
@@ -135,8 +135,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     (B, Sq, Hq, Dv), with return_lse also the fp32 logsumexp (B, Hq, Sq). Inference only (no
     gradient); works under torch.compile(fullgraph=True) and CUDA graphs (the split comes from
     shapes, never from cache_seqlens values).
+
+    An fp8 cache: k_cache / v_cache in torch.float8_e4m3fn (q, k, v and the output stay bf16 /
+    fp16) holding K / k_descale and V / v_descale; the descales fp32 (B, Hkv) (None: 1.0). The
+    kernel reads the e4m3 values, widens them exactly to q's dtype and applies the descales in
+    fp32; new k / v are divided by the descales and rounded to e4m3 (saturating) as they are
+    written.
     """
-    new_len = kvcache.check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table)
+    new_len = kvcache.check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
@@ -145,10 +151,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
     if torch.compiler.is_compiling():
         out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                         num_splits)
+                                         num_splits, k_descale, v_descale)
     else:
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                        num_splits)
+                                        num_splits, k_descale, v_descale)
     return (out, lse) if return_lse else out
 
 

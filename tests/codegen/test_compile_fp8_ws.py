@@ -26,7 +26,10 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     cfg = Fp8Config(*nums, consumers=int(config.rsplit("=", 1)[1]))
     spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd, gqa, mask)
     assert check_fp8(spec, cfg) is None, check_fp8(spec, cfg)
-    (ws,) = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
+    *prologue, ws = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
+    # the prologue (Q rotated, V, Q not rotated) compiles without spilling
+    assert [r["kernel"] for r in prologue] == ["_fp8_quant_qk", "_fp8_quant_v", "_fp8_quant_qk"], prologue
+    assert all(r.get("spill_stores") == 0 for r in prologue), prologue
     assert ws["kernel"] == "_attn_fwd_fp8_ws", ws
     assert ws["wgmma_types"] == ["f32.e4m3.e4m3"] and all("k32" in w for w in ws["wgmma"]), ws
     assert 1 in ws["wait_groups"], ws  # Q.K^T waited for with P.V in flight

@@ -115,3 +115,31 @@ def test_cuda_graph_decode_step(paged):
             torch.cuda.synchronize()
             assert torch.equal(out, ref), f"replay {i} differs from eager"
             assert torch.equal(kc, k_cache) and torch.equal(vc, v_cache), f"replay {i}: caches differ"
+
+
+@pytest.mark.parametrize("page", [0, 16])
+def test_gpu_fp8_cache_serving_shape(page):
+    """An e4m3 cache with per-(batch, KV head) descales, hd128 GQA 32/8, 8k keys, paged by 16 or
+    not, with a new token appended: the 2x rule against PyTorch in bf16 on the dequantized cache."""
+    B, hq, hkv, d, cap = 4, 32, 8, 128, 8192
+    k_src, v_src, table = _cache(B, cap, hkv, d, torch.bfloat16, page, seed=31)
+    kd = torch.full((B, hkv), 0.02, device=DEV)
+    vd = torch.full((B, hkv), 0.015, device=DEV)
+    k8 = (k_src.float() / 0.02).to(torch.float8_e4m3fn)
+    v8 = (v_src.float() / 0.015).to(torch.float8_e4m3fn)
+    q, k_new, v_new = random_inputs((B, 1, hq, d), (B, 1, hkv, d), (B, 1, hkv, d), dtype=torch.bfloat16,
+                                    device=DEV, seed=32)
+    capacity = table.shape[1] * page if page else cap
+    lens = [5, 4000, capacity - 1, 777]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=DEV)
+    with torch.no_grad():
+        out, lse = attngen.attention_with_kvcache(q, k8, v8, seqlens, k=k_new, v=v_new, block_table=table,
+                                                  return_lse=True, k_descale=kd, v_descale=vd)
+    kf = rows_view(k8, table, B).double() * 0.02
+    vf = rows_view(v8, table, B).double() * 0.015
+    lens = [n + 1 for n in lens]
+    scale = 1.0 / math.sqrt(d)
+    o64, l64 = reference(q, kf, vf, lens, True, (-1, -1), 0.0, scale)
+    opt, _ = reference(q, kf.bfloat16(), vf.bfloat16(), lens, True, (-1, -1), 0.0, scale, upcast=False)
+    assert_flash_rule(f"fp8 cache page {page}", out, o64, opt, 2.0)
+    assert_lse_close("fp8 cache lse", lse, l64)

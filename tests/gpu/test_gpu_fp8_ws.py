@@ -85,12 +85,12 @@ def prepare(c: Case, q, k, v, cfg: F.Fp8Config):
     spec = c.spec
     mod = loader.load(spec)
     bufs = F.alloc(F.buffers(spec, q, k, v, False), q.device)
-    sgn = F.signs(F.qk_width(spec), F.ROTATION_SEED, q.device)
+    rot = F.rotation(F.qk_width(spec), F.ROTATION_SEED, q.dtype, q.device)
     out = torch.empty(c.B, c.Hq, c.Sq, c.D, device=q.device, dtype=q.dtype)
     lse = torch.empty(c.B, c.Hq, c.Sq, device=q.device, dtype=torch.float32)
     attn = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
                           bufs["VScale"], out, lse, mask_args(c), cfg)
-    quant = F.quant_launches(mod, spec, q, k, v, bufs, sgn, perm16=F.key_order16(mod, attn))
+    quant = F.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=F.key_order16(mod, attn))
     return quant, attn, out, lse
 
 

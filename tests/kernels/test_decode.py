@@ -78,6 +78,21 @@ def _name(c):
 
 @pytest.mark.parametrize("case", CASES, ids=[_name(c) for c in CASES])
 def test_decode_kernel_against_float64(case):
+    _check_case(case, block_n=32)
+
+
+# (block_n, page): a block of several pages, of part of one, and pages that end inside a block (the
+# paged walk steps its page index and slot by block_n keys without a division); four splits and a
+# window, so that programs start past key 0
+PAGE_WALKS = [(64, 16), (64, 48), (32, 80), (128, 48), (32, 128), (64, 256)]
+
+
+@pytest.mark.parametrize("block_n,page", PAGE_WALKS, ids=[f"bn{b}_page{p}" for b, p in PAGE_WALKS])
+def test_paged_walk_against_float64(block_n, page):
+    _check_case(("bf16", 2, 2, 4, 2, 64, 520, True, (300, -1), 0.0, page, 4), block_n=block_n)
+
+
+def _check_case(case, block_n):
     dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = case
     dtype = DTYPES[dt]
     mask, wl, wr = mask_kind(causal, window)
@@ -89,7 +104,7 @@ def test_decode_kernel_against_float64(case):
     lens = [1] + [int(x) for x in torch.randint(sq, capacity + 1, (B - 1,), generator=torch.Generator().manual_seed(3))]
     lens[-1] = capacity  # a full row
     seqlens = torch.tensor(lens, dtype=torch.int32)
-    cfg = fd.DecodeConfig(32, 4, 1, splits)
+    cfg = fd.DecodeConfig(block_n, 4, 1, splits)
     n, split_len = fd.splits(cfg, B, hkv, capacity, 2)
     out = torch.full((B, sq, hq, d), float("nan"), dtype=dtype)
     lse = torch.full((B, hq, sq), float("nan"))
@@ -270,3 +285,71 @@ def test_every_generated_decode_kernel(spec, path):
     assert_lse_close(spec.uri + " lse", lse, l64)
     lerr = (lse.double() - l64).abs().max().item()
     golden.check("decode", spec.uri, "paged_split2", {"out": out, "lse": lse}, {"out": err, "lse": lerr})
+
+
+# an fp8 cache: (paged or not, new tokens, one descale for every batch row)
+FP8_KV = [(0, 0, False), (16, 3, True), (0, 2, False)]
+
+
+@pytest.mark.parametrize("page,new,shared", FP8_KV, ids=[f"page{p}_new{n}" for p, n, _ in FP8_KV])
+def test_fp8_kv_cache_against_float64(page, new, shared):
+    """e4m3 caches with fp32 descales (B, Hkv): against float64 attention on the dequantized cache
+    (x8 * descale), the 2x rule against PyTorch in q's dtype on the same cache; new k / v are
+    divided by the descales and rounded to e4m3 into the cache, and seen by the call. A paged pool
+    is shared by the batch rows, so its descales are the same for each row (shared)."""
+    B, sq, hq, hkv, d, cap = 3, 2, 8, 2, 64, 150
+    E4 = torch.float8_e4m3fn
+    k_src, v_src, table = make_cache(B, cap, hkv, d, torch.bfloat16, page, seed=21)
+    g = torch.Generator().manual_seed(22)
+    kd, vd = (torch.rand(1 if shared else B, hkv, generator=g) * 0.05 + 0.01 for _ in range(2))
+    kd, vd = kd.expand(B, hkv).contiguous(), vd.expand(B, hkv).contiguous()
+
+    def quant(x, ds):  # (rows, n, Hkv, D) / ds (rows, Hkv), the cache's first dim
+        return (x.float() / ds[:x.shape[0], None, :, None]).clamp(-448, 448).to(E4)
+    k8 = quant(k_src, kd if not page else kd[:1].expand(k_src.shape[0], hkv))
+    v8 = quant(v_src, vd if not page else vd[:1].expand(v_src.shape[0], hkv))
+    q, k_new, v_new = random_inputs((B, sq, hq, d), (B, max(new, 1), hkv, d), (B, max(new, 1), hkv, d),
+                                    dtype=torch.bfloat16, seed=23)
+    capacity = table.shape[1] * page if page else cap
+    seqlens = torch.tensor([0, 77, capacity - new], dtype=torch.int32)
+    kw = dict(k=k_new, v=v_new) if new else {}
+    with torch.no_grad():
+        out, lse = attngen.attention_with_kvcache(q, k8, v8, seqlens, block_table=table, return_lse=True,
+                                                  k_descale=kd, v_descale=vd, **kw)
+    kr, vr = rows_view(k8, table, B), rows_view(v8, table, B)
+    if new:  # the new tokens in the cache, rounded as the caller's quantization would
+        for b, s in enumerate(seqlens.tolist()):
+            assert torch.equal(kr[b, s:s + new].view(torch.uint8), quant(k_new[b:b + 1], kd[b:b + 1])[0].view(torch.uint8))
+            assert torch.equal(vr[b, s:s + new].view(torch.uint8), quant(v_new[b:b + 1], vd[b:b + 1])[0].view(torch.uint8))
+    kf = kr.double() * kd.double()[:, None, :, None]
+    vf = vr.double() * vd.double()[:, None, :, None]
+    lens = [s + new for s in seqlens.tolist()]
+    o64, l64 = reference(q, kf, vf, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
+    opt, _ = reference(q, kf.to(q.dtype), vf.to(q.dtype), lens, True, (-1, -1), 0.0, 1 / math.sqrt(d),
+                       upcast=False)
+    assert_flash_rule(f"fp8 cache page {page}", out, o64, opt, 2.0)
+    assert_lse_close("fp8 cache lse", lse, l64)
+
+
+@pytest.mark.parametrize("change,message", [
+    ("bf16_cache", "k_descale: only for float8_e4m3fn caches"),
+    ("shape", r"v_descale: expected shape \(2, 2\)"),
+    ("dtype", "k_descale: expected an fp32"),
+    ("fp16_cache_mix", "v_cache: dtype"),
+])
+def test_fp8_cache_bad_descales_name_the_argument(change, message):
+    B, hq, hkv, d, S = 2, 4, 2, 64, 32
+    q = torch.randn(B, 1, hq, d, dtype=torch.bfloat16)
+    k8 = torch.randn(B, S, hkv, d).to(torch.float8_e4m3fn)
+    v8 = k8.clone()
+    kd, vd = torch.ones(B, hkv), torch.ones(B, hkv)
+    if change == "bf16_cache":
+        k8, v8 = k8.bfloat16(), v8.bfloat16()
+    elif change == "shape":
+        vd = torch.ones(B, hkv, 1)
+    elif change == "dtype":
+        kd = kd.double()
+    else:
+        v8 = v8.bfloat16()
+    with pytest.raises(ValueError, match=message):
+        attngen.attention_with_kvcache(q, k8, v8, k_descale=kd, v_descale=vd)

@@ -41,8 +41,8 @@ def _poisoned(bufs):
 def run_dense(spec, mod, q, k, v, causal, window, softcap, cfg, rotate=True):
     """The prologue and the attention kernel launched directly: (out, lse, buffers)."""
     bufs = _poisoned(f8.alloc(f8.buffers(spec, q, k, v, False), "cpu"))
-    sgn = f8.signs(f8.qk_width(spec), f8.ROTATION_SEED, "cpu") if rotate else torch.ones(f8.qk_width(spec))
-    for la in f8.quant_launches(mod, spec, q, k, v, bufs, sgn):
+    rot = f8.rotation(f8.qk_width(spec), f8.ROTATION_SEED, q.dtype, "cpu") if rotate else None
+    for la in f8.quant_launches(mod, spec, q, k, v, bufs, rot):
         la.run()
     B, hq, sq, _ = q.shape
     out = torch.full((B, hq, sq, v.shape[3]), float("nan"), dtype=q.dtype)
@@ -83,17 +83,21 @@ def test_rotation_is_orthogonal_and_keeps_scores(d):
     assert torch.allclose((x @ m)[0, :bw].abs(), torch.full((bw,), 100.0 / bw ** 0.5, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("d, dv, sq, sk", [(128, 128, 203, 113), (80, 48, 113, 300), (24, 8, 129, 1)])
-def test_prologue_matches_pytorch_quantization(d, dv, sq, sk):
+@pytest.mark.parametrize("d, dv, sq, sk, rotate", [(128, 128, 203, 113, True), (80, 48, 113, 300, True),
+                                                   (24, 8, 129, 1, True), (80, 48, 113, 300, False)])
+def test_prologue_matches_pytorch_quantization(d, dv, sq, sk, rotate):
+    """Q and K rotated (or, rotate=False, left as they are) and quantized per block, V quantized
+    and transposed: PyTorch's values, within e4m3's rounding."""
     spec = _spec(d, dv, 2, "none")
     mod = loader.load(spec)
     q, k, v = random_inputs((2, 4, sq, d), (2, 2, sk, d), (2, 2, sk, dv), dtype=torch.bfloat16, seed=3,
                             mults=(3.0, 0.5, 2.0))
     q[0, 1, 7, 3] = 60.0  # an outlier
     bufs = _poisoned(f8.alloc(f8.buffers(spec, q, k, v, False), "cpu"))
-    for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.signs(f8.qk_width(spec), 0, "cpu")):
+    w = f8.qk_width(spec)
+    for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.rotation(w, 0, q.dtype, "cpu") if rotate else None):
         la.run()
-    m = f8t.rotation_matrix(d)
+    m = f8t.rotation_matrix(d) if rotate else torch.eye(d, w, dtype=torch.float64)
     for name, x, rot in (("Q", q, True), ("K", k, True), ("V", v, False)):
         want8, want_d = f8t.quantize_ref(x.double() @ m if rot else x)
         got8 = bufs["Vt"][..., :sk].transpose(-1, -2) if name == "V" else bufs[name + "8"]
@@ -124,7 +128,8 @@ def test_prologue_writes_the_warp_specialized_kernels_key_order(sk):
     outs = []
     for perm in (False, True):
         bufs = _poisoned(f8.alloc(f8.buffers(spec, q, k, v, False), "cpu"))
-        for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.signs(f8.qk_width(spec), 0, "cpu"), perm16=perm):
+        for la in f8.quant_launches(mod, spec, q, k, v, bufs, f8.rotation(f8.qk_width(spec), 0, q.dtype, "cpu"),
+                                    perm16=perm):
             la.run()
         outs.append(bufs["Vt"].view(torch.uint8).clone())
     natural, perm = outs
