@@ -254,7 +254,6 @@ def quant_warps(width: int) -> int:
     return 8 if width <= 128 else 16
 
 
-
 def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
     """The prologue: Q and K rotated (rot: rotation(qk_width, seed, q.dtype, device); None: no
