@@ -42,7 +42,7 @@ from attngen.families import bwd as kbwd
 from attngen.families import fwd as kfwd
 from attngen.problem import Problem
 from attngen.runtime import api, loader, plan, validate
-from attngen.runtime.plans import CompiledLaunch
+from attngen.kernels.launch import CompiledLaunch
 from attngen.configs import bwd_triton_fallback, default_bwd_config, default_fwd_config, triton_fallback
 
 BF16 = torch.bfloat16

@@ -213,12 +213,25 @@ def test_the_environment_table_is_every_variable_attngen_reads():
 
 def test_every_result_file_the_docs_cite_is_committed():
     """A result file named in the README or docs/ (by path or by its name alone) is in
-    benchmarks/results/."""
-    have = {p.name for p in (REPO_ROOT / "benchmarks" / "results").iterdir()}
+    benchmarks/results/ or, for an A/B run, benchmarks/ab/."""
+    have = {p.name for folder in ("results", "ab") for p in (REPO_ROOT / "benchmarks" / folder).iterdir()}
     docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
     cited = 0
     for doc in docs:
         for name in re.findall(r"\b((?:h200|cpu|gpu)_[\w.\-]+?\.(?:json|log|png|txt))\b", doc.read_text()):
             cited += 1
-            assert name in have, f"{doc.relative_to(REPO_ROOT)} cites {name}, which benchmarks/results/ lacks"
+            assert name in have, f"{doc.relative_to(REPO_ROOT)} cites {name}, which benchmarks/results/ and ab/ lack"
     assert cited > 50, cited  # the README's results and docs/benchmarks.md cite dozens
+
+
+def test_a_result_file_cited_by_path_is_in_that_folder():
+    """A result file cited by its path (benchmarks/results/NAME or benchmarks/ab/NAME) in the
+    README, docs/ or benchmarks/README.md is in that folder: A/B runs live in benchmarks/ab/."""
+    docs = [REPO_ROOT / "README.md", REPO_ROOT / "benchmarks" / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    cited = 0
+    for doc in docs:
+        for folder, name in re.findall(r"\bbenchmarks/(results|ab)/([\w.\-]+?\.(?:json|log|png|txt))\b", doc.read_text()):
+            cited += 1
+            assert (REPO_ROOT / "benchmarks" / folder / name).is_file(), \
+                f"{doc.relative_to(REPO_ROOT)} cites benchmarks/{folder}/{name}, which is not there"
+    assert cited > 10, cited

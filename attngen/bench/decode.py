@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
+from attngen.bench.run import TIMING, busy_gpu
+
 PAGE = 16
 
 
@@ -119,6 +120,7 @@ def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None, out: s
         names = [n for n in bound if providers is None or n in providers]
         row = {"case": case.name, "B": case.batch, "S": case.seqlen_k, "Hq": case.heads_q, "Hkv": case.heads_kv,
                "D": case.head_dim, "kv_bytes": case.kv_bytes, "us": {}, "GBps": {}, "of_copy": {}, "notes": {}}
+        busy_gpu(device)
         ref = None
         with torch.no_grad():
             for name in names:

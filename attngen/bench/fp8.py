@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
+from attngen.bench.run import TIMING, busy_gpu
+
 PROVIDERS = ("attngen-fp8", "attngen-fp8-triton", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel",
              "attngen", "cudnn", "cudnn-fp8", "triton-fp8")
 
@@ -173,6 +174,7 @@ def run(cases, quick: bool = False, providers=None, out: str | None = None) -> d
         names = [n for n in bound if providers is None or n in providers]
         row = {"case": case.name, "B": case.batch, "H": case.heads, "S": case.seqlen, "D": case.head_dim,
                "causal": case.causal, "flops": case.flops, "ms": {}, "tflops": {}, "notes": {}}
+        busy_gpu(device)
         ref = None
         with torch.no_grad():
             for name in names:

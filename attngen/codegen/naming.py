@@ -2,39 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
-
+from attngen.codegen.hashing import KERNEL_HASH_LEN, kernel_hash, sha256  # noqa: F401 (re-exported)
 from attngen.families import FAMILIES
 
 FAMILY_TEMPLATES = {name: f.template for name, f in FAMILIES.items()}
 HASH_LEN = 10
 
 
-def sha256(text: str | bytes) -> str:
-    data = text.encode() if isinstance(text, str) else text
-    return hashlib.sha256(data).hexdigest()
-
-
 def short_hash(text: str | bytes) -> str:
     return sha256(text)[:HASH_LEN]
-
-
-KERNEL_HASH_LEN = 16
-
-
-def kernel_hash(source: str) -> str:
-    """The content hash of a generated module: of its Python tokens, without comments (the stamp
-    header is comments), blank lines and line breaks inside brackets, and without its own
-    KERNEL_HASH line. Tuned winners are keyed by it, so any change to the code of a module -- from
-    a template, a partial it uses or Python codegen -- stales them, while a change elsewhere
-    (another family's partial, a comment, a spec file's name, the attngen version) does not."""
-    import io
-    import tokenize
-
-    skip = (tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER)
-    toks = [f"{tok.type} {tok.string}" for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-            if tok.type not in skip and not tok.line.startswith("KERNEL_HASH = ")]
-    return sha256("\n".join(toks))[:KERNEL_HASH_LEN]
 
 
 def module_filename(uri: str, source: str) -> str:

@@ -338,37 +338,44 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
 
 
 ALLOC_ALIGN = 128  # bytes between buffers of one allocation (TMA wants 16-byte aligned bases)
+ELEMENT_BYTES = {"fp8": 1, "fp32": 4}  # buffers()' kinds
 
 
 def alloc_layout(shapes: dict) -> tuple:
-    """buffers()' shapes as views of one allocation per kind: ((kind, elements), ...) and
-    ((name, kind, shape, strides, offset), ...), contiguous, each view's base ALLOC_ALIGN-aligned.
-    A plan keeps it, so a call pays two allocations instead of six."""
-    size = {"fp8": 1, "fp32": 4}
-    ends, views = {}, []
+    """buffers()' shapes as views of one allocation: (bytes, any fp32 view, ((name, kind, shape,
+    strides, offset), ...)), each view contiguous, its base ALLOC_ALIGN-aligned, its offset counted
+    in elements of its kind. A plan keeps it, so a call pays one allocation instead of six."""
+    end, views = 0, []
     for name, (shape, kind) in shapes.items():
-        step = ALLOC_ALIGN // size[kind]
-        off = -(-ends.get(kind, 0) // step) * step
+        size = ELEMENT_BYTES[kind]
+        start = -(-end // ALLOC_ALIGN) * ALLOC_ALIGN
         strides, n = [], 1
         for dim in reversed(shape):
             strides.insert(0, n)
             n *= dim
-        views.append((name, kind, tuple(shape), tuple(strides), off))
-        ends[kind] = off + n
-    return tuple(ends.items()), tuple(views)
+        views.append((name, kind, tuple(shape), tuple(strides), start // size))
+        end = start + n * size
+    return max(-(-end // ALLOC_ALIGN), 1) * ALLOC_ALIGN, any(v[1] == "fp32" for v in views), tuple(views)
 
 
 def carve(layout: tuple, device) -> dict:
-    """alloc_layout()'s views on fresh memory: {name: tensor}."""
+    """alloc_layout()'s views on fresh memory: {name: tensor}. One e4m3 allocation, the fp32
+    views through its fp32 reinterpretation (its size is a multiple of ALLOC_ALIGN bytes); a
+    layout of one e4m3 buffer (V^T of e4m3 inputs) is that buffer's own allocation."""
     import torch
 
-    kinds = {"fp8": torch.float8_e4m3fn, "fp32": torch.float32}
-    flat = {kind: torch.empty(max(n, 1), dtype=kinds[kind], device=device) for kind, n in layout[0]}
-    return {name: flat[kind].as_strided(shape, strides, off) for name, kind, shape, strides, off in layout[1]}
+    nbytes, fp32, views = layout
+    if len(views) == 1 and not fp32:
+        name, _, shape, _, _ = views[0]
+        return {name: torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)}
+    flat = torch.empty(nbytes, dtype=torch.float8_e4m3fn, device=device)
+    wide = flat.view(torch.float32) if fp32 else None
+    return {name: (flat if kind == "fp8" else wide).as_strided(shape, strides, off)
+            for name, kind, shape, strides, off in views}
 
 
 def alloc(shapes: dict, device) -> dict:
-    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`, one allocation per kind."""
+    """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`, one allocation."""
     return carve(alloc_layout(shapes), device)
 
 

@@ -134,9 +134,8 @@ class TuningHooks:
                             ("v", slice(b * p.seqlen_k, (b + 1) * p.seqlen_k))))
             else:
                 q, k, v = (t[n][b:b + 1] for n in ("q", "k", "v"))
-            o64, l64 = attention_ref(q, k, v, **kw)
-            opt, lpt = emulate(q, k, v, **kw)
-            for n, x in (("out64", o64), ("lse64", l64), ("out_pt", opt), ("lse_pt", lpt)):
+            for n, x in zip(("out64", "lse64", "out_pt", "lse_pt"),
+                            (*by_head_chunks(attention_ref, q, k, v, kw), *by_head_chunks(emulate, q, k, v, kw))):
                 outs[n].append(x)
         if s.varlen:  # (1, H, S, D) per document -> (T, H, D); lse (1, H, S) -> (H, T)
             return {n: (torch.cat([x[0].transpose(0, 1) for x in xs]) if n.startswith("out")
@@ -145,6 +144,26 @@ class TuningHooks:
 
     def check(self, obj, name: str, t: dict, ref: dict) -> None:
         check_outputs(name, t["out"], t["lse"], ref, self.factor)
+
+
+REF_SCORE_BYTES = 2 << 30  # the most a reference's float64 score matrix may take at once
+
+
+def by_head_chunks(fn, q, k, v, kw: dict):
+    """fn(q, k, v, **kw) -> (out (1, H, Sq, D), lse (1, H, Sq)) over groups of query heads whose
+    float64 scores fit REF_SCORE_BYTES (a bucket of 32 heads at 16k x 16k would need 64 GiB);
+    a group holds whole GQA groups, so each chunk of q sees its own K / V heads."""
+    import torch
+
+    hq, hkv = q.shape[1], k.shape[1]
+    g = hq // hkv
+    per_head = q.shape[2] * k.shape[2] * 8
+    step = g * max(1, REF_SCORE_BYTES // (per_head * g))
+    if step >= hq:
+        return fn(q, k, v, **kw)
+    parts = [fn(q[:, h:h + step], k[:, h // g:(h + step) // g], v[:, h // g:(h + step) // g], **kw)
+             for h in range(0, hq, step)]
+    return torch.cat([o for o, _ in parts], dim=1), torch.cat([lse for _, lse in parts], dim=1)
 
 
 def check_outputs(name: str, out, lse, ref: dict, factor: float = 2.0) -> None:

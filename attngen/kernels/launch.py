@@ -12,11 +12,15 @@ scalars with new tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import operator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import triton
+from triton import knobs
 from triton.runtime import _allocation
 
 INT32_LIMIT = 1 << 31
@@ -161,7 +165,8 @@ def tile_names(prefix: str, tiles) -> list[str]:
 
 def make_descriptors(descs: dict, tensors: dict) -> dict:
     """Descriptors around `tensors` (name -> tensor): Triton's for a 4-tuple entry, Gluon's for a
-    5-tuple (..., shared-memory layout)."""
+    5-tuple (..., shared-memory layout). Triton's constructors validate each one (a plan's
+    Descriptors does that once, then skips it)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -172,6 +177,74 @@ def make_descriptors(descs: dict, tensors: dict) -> dict:
         else:
             out[name] = TensorDescriptor(tensors[src], shape, strides, block)
     return out
+
+
+# The fields of Triton's host descriptors (Triton 3.6: triton.tools.tensor_descriptor.TensorDescriptor
+# and triton.experimental.gluon.nvidia.hopper.TensorDescriptor), dataclasses whose __post_init__
+# only validates. Descriptors makes them without __init__ when an instance holds exactly these
+# fields; otherwise (another Triton) it keeps Triton's constructors.
+DESCRIPTOR_FIELDS = {"triton": ("base", "shape", "strides", "block_shape", "padding"),
+                     "gluon": ("base", "shape", "strides", "block_shape", "layout", "padding")}
+
+
+class Descriptors:
+    """A plan's descriptors of one launch, around each call's tensors. What Triton's constructors
+    check (rank, power-of-two block, 16-byte strides, a contiguous last dim, the layout) depends
+    on the shapes, strides, blocks, layouts and dtypes a plan fixes, and on the base address: the
+    first call builds them with the constructors (make_descriptors), later calls make the same
+    dataclass instances directly (object.__new__ and the fields the first call validated) and check
+    the bases' 16-byte alignment and dtype themselves."""
+
+    __slots__ = ("specs", "fast")
+
+    def __init__(self, descs: dict):
+        self.specs = descs
+        # ((name, tensor name, class, fields, dtype), ...) after the first call; False: Triton's
+        # classes are not the ones DESCRIPTOR_FIELDS describes, the constructors build every call
+        self.fast = None
+
+    def __call__(self, tensors: dict) -> dict:
+        fast = self.fast
+        if not fast:
+            out = make_descriptors(self.specs, tensors)
+            if fast is None:
+                self.fast = _fast_fields(self.specs, out, tensors)
+            return out
+        out = {}
+        for name, src, cls, fields, dtype in fast:
+            t = tensors[src]
+            if t.data_ptr() & 15 or t.dtype is not dtype:
+                _misfit(name, src, t, dtype)
+            f = fields.copy()
+            f["base"] = t
+            out[name] = d = _new(cls)
+            d.__dict__ = f
+        return out
+
+
+_new = object.__new__
+
+
+def _fast_fields(descs: dict, built: dict, tensors: dict):
+    """Descriptors.fast from the first call's validated descriptors, or False when one of them is
+    not a dataclass holding exactly DESCRIPTOR_FIELDS (another Triton)."""
+    out = []
+    for name, (src, *rest) in descs.items():
+        d = built[name]
+        expect = DESCRIPTOR_FIELDS["gluon" if len(rest) == 4 else "triton"]
+        fields = getattr(d, "__dict__", None)
+        if (fields is None or tuple(fields) != expect or not dataclasses.is_dataclass(d)
+                or tuple(f.name for f in dataclasses.fields(d)) != expect):
+            return False
+        out.append((name, src, type(d), dict(fields, base=None), tensors[src].dtype))
+    return tuple(out)
+
+
+def _misfit(name: str, src: str, t, dtype) -> None:
+    if t.dtype is not dtype:
+        raise ValueError(f"{name}: tensor {src} is {t.dtype}, the descriptor was built for {dtype}")
+    raise ValueError(f"{name}: tensor {src}'s base address {t.data_ptr():#x} is not 16-byte aligned "
+                     "(a TMA descriptor's base must be)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,3 +326,54 @@ def needs_int64(*tensors) -> bool:
     """True when an element offset inside one of `tensors` can pass 2^31: the kernels then form
     sequence offsets in 64-bit (OFFS_64); everywhere else 32-bit arithmetic stays."""
     return any(t is not None and span(t) >= INT32_LIMIT for t in tensors)
+
+
+class CompiledLaunch:
+    """One kernel launch with its scalars bound; tensors arrive per call."""
+
+    __slots__ = ("fn", "grid", "tensor_names", "pick", "tail", "options", "kernel", "device_index",
+                 "direct", "scratch")
+
+    def __init__(self, launch: Launch, device: torch.device, interpret: bool):
+        names = launch.param_names
+        self.fn, self.grid = launch.fn, launch.grid
+        self.tensor_names = tuple(names[:launch.num_tensors])
+        self.pick = operator.itemgetter(*self.tensor_names)
+        # the scalars and constexprs after the leading tensors (descriptors come per call)
+        self.tail = tuple(launch.values[n] for n in names[launch.num_tensors:])
+        self.options = launch.options
+        self.kernel = None
+        self.device_index = device.index if device.type == "cuda" else None
+        self.direct = not interpret and device.type == "cuda"
+        self.scratch = launch.scratch
+
+    def rename(self, names: dict) -> None:
+        """Take this launch's tensors from a call's dict under other names (parameter -> name),
+        so that several launches share one dict."""
+        self.pick = operator.itemgetter(*(names.get(n, n) for n in self.tensor_names))
+
+    def __call__(self, tensors: dict, aligned: bool) -> None:
+        if self.grid == 0:
+            return
+        args = self.pick(tensors)
+        if self.scratch:
+            ensure_allocator()
+        kernel = self.kernel
+        if kernel is not None and aligned and _hooks_off():
+            kernel.run(self.grid, 1, 1, _stream(self.device_index), kernel.function,
+                       kernel.packed_metadata, None, None, None, *args, *self.tail)
+            return
+        kernel = self.fn[(self.grid,)](*args, *self.tail, **self.options)
+        if self.direct and aligned and kernel is not None:
+            self.kernel = kernel.result() if hasattr(kernel, "result") else kernel
+
+
+def _hooks_off() -> bool:
+    """No launch hook registered (a profiler such as proton adds one): the direct launch skips
+    Triton's hook plumbing, so with a hook every launch goes through the JIT instead."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is None or not getattr(hook, "calls", True)
+
+
+def _stream(index: int):
+    return torch._C._cuda_getCurrentRawStream(index)

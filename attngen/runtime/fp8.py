@@ -5,9 +5,9 @@ rotation when rotate=True, Q, K and V quantized to e4m3 per block of 128 rows, V
 fp32, one per (batch, KV head), or per (batch, head, block of 128 rows)); both run the fp8
 attention kernel and return the output in bf16 (or the inputs' dtype).
 
-The plan (Fp8Plan) keeps the prologue's and the attention kernel's launches; the fp8 buffers are
-allocated per call (the caching allocator's cost). fp8 kernels are sm90 kernels: an sm89 / sm90
-GPU (fp8 tensor cores) or the CPU interpreter.
+The plan (Fp8Plan) keeps the prologue's and the attention kernel's launches and the layout of the
+fp8 buffers: a call allocates them as one block (the caching allocator's cost) and takes views.
+fp8 kernels are sm90 kernels: an sm89 / sm90 GPU (fp8 tensor cores) or the CPU interpreter.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ import torch
 
 from attngen.families import family
 from attngen.families import fwd_fp8 as f8
-from attngen.kernels.launch import make_descriptors
 from attngen.runtime import dispatch, validate
 from attngen.runtime.plan import Dims, Plan
-from attngen.runtime.plans import PlanCache
+from attngen.runtime.plans import PlanCache, aligned
 
 FP8 = family("fwd_fp8")
 E4M3 = torch.float8_e4m3fn
 _PLANS = PlanCache()
+_FAST = PlanCache()  # attention(precision="fp8")'s own argument key -> Fp8Plan (its eager fast path)
 
 
 def check_fp8_device(device: torch.device) -> None:
@@ -59,6 +59,10 @@ class Fp8Plan(Plan):
         if quantized:  # the caller's fp8 Q and K are used as they are; V is transposed per call
             self.bufs_shapes = {n: s for n, s in self.bufs_shapes.items() if n == "Vt"}
         self.bufs_layout = f8.alloc_layout(self.bufs_shapes)
+        # a call that does not return the LSE writes it into the buffers' allocation, when that
+        # has fp32 views already (the descales: not for e4m3 inputs)
+        self.bufs_layout_lse = (f8.alloc_layout({**self.bufs_shapes, "Lse": (self.lse_shape, "fp32")})
+                                if self.bufs_layout[1] else None)
         out, lse = self.empty()
         self.perm16 = False
         bufs = self.buffers(qv, kv, vv, descales)
@@ -69,6 +73,11 @@ class Fp8Plan(Plan):
         launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.rot,
                                                           cu_q, cu_k, max_q, max_k, self.perm16)
         self.compile(launches + attn)
+        # the launches take their tensors from one dict a call, by the attention kernel's names;
+        # the prologue's (X, X8, Scale, cu_seqlens of q, k and v) are renamed into it
+        for launch, n in zip(self.launches[:-1], "qkv"):
+            launch.rename({"X": n, "X8": "Vt" if n == "v" else n.upper(), "Scale": n.upper() + "Scale",
+                           "cu_seqlens": "cu_seqlens_q" if n == "q" else "cu_seqlens_k"})
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device),
@@ -78,43 +87,72 @@ class Fp8Plan(Plan):
         return out.transpose(1, 2) if self.opts.layout == "bshd" else out
 
     def buffers(self, qv, kv, vv, descales) -> dict:
-        """The call's fp8 tensors and descales: the prologue's outputs, or (quantized) the caller's
-        Q8 / K8, V transposed into a buffer, and the descales as (B or docs, heads, blocks) views."""
+        """The plan-building call's fp8 tensors and descales (buffers()' names): the prologue's
+        outputs, or (quantized) the caller's Q8 / K8, V transposed into a buffer, and the descales
+        as (B or docs, heads, blocks) views."""
         bufs = f8.carve(self.bufs_layout, self.device)
         if self.quantized:
-            vt = bufs["Vt"]
-            if self.packed:  # (T, H, D) -> (H, D, T_pad)
-                vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
-                vt[..., vv.shape[0]:].view(torch.uint8).zero_()
-            else:  # (B, H, S, D) -> (B, H, D, S_pad), in the Gluon kernel's key order when it runs
-                f8.transpose_v(vv, vt, self.perm16)
+            self.transpose_v(vv, bufs["Vt"])
             bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
         return bufs
 
-    def run(self, q, k, v, cu_q=None, cu_k=None, descales=None):
-        """(out, lse) of one call."""
-        qv, kv, vv = (q, k, v) if self.packed else validate.dense_views(q, k, v, self.opts.layout)
-        out, lse = self.empty()
-        bufs = self.buffers(qv, kv, vv, descales)
-        n_quant = len(self.launches) - 1
-        calls = [] if self.quantized else [
-            {"X": x, "X8": bufs["Vt" if n == "v" else n.upper() + "8"], "Scale": bufs[n.upper() + "Scale"],
-             "Rot": self.rot, "cu_seqlens": cu}
-            for x, n, cu in ((qv, "q", cu_q), (kv, "k", cu_k), (vv, "v", cu_k))][:n_quant]
-        calls.append({"Q": bufs["Q8"], "K": bufs["K8"], "Vt": bufs["Vt"], "Out": self.out_view(out), "Lse": lse,
-                      "QScale": bufs["QScale"], "KScale": bufs["KScale"], "VScale": bufs["VScale"],
-                      "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k})
-        # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the
-        # caller's tensors decide (the buffers and outputs come from torch's allocator), once a call
-        aligned = all(t.data_ptr() % 16 == 0 for t in (qv, kv, vv, cu_q, cu_k, *(descales or ())) if t is not None)
-        for launch, descs, tensors in zip(self.launches, self.descriptors, calls):
+    def transpose_v(self, vv, vt) -> None:
+        """A caller's e4m3 V into V^T (keys contiguous, zero padding)."""
+        if self.packed:  # (T, H, D) -> (H, D, T_pad)
+            vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
+            vt[..., vv.shape[0]:].view(torch.uint8).zero_()
+        else:  # (B, H, S, D) -> (B, H, D, S_pad), in the Gluon kernel's key order when it runs
+            f8.transpose_v(vv, vt, self.perm16)
+
+    def run(self, q, k, v, cu_q=None, cu_k=None, descales=None, want_lse: bool = True):
+        """(out, lse) of one call. The launches take only base addresses from the tensors (their
+        strides are the plan's), so the caller's tensors and the output go as they are, not as
+        (B, H, S, D) views. With want_lse=False the LSE may go into the fp8 buffers' allocation
+        (nobody reads it) and the returned lse is that view."""
+        out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        if want_lse or self.bufs_layout_lse is None:
+            t = f8.carve(self.bufs_layout, self.device)
+            lse = t["Lse"] = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        else:
+            t = f8.carve(self.bufs_layout_lse, self.device)
+            lse = t["Lse"]
+        if self.quantized:
+            self.transpose_v(v if self.packed else validate.dense_views(q, k, v, self.opts.layout)[2], t["Vt"])
+            t["Q"], t["K"] = q, k
+            t["QScale"], t["KScale"], t["VScale"] = descales
+            # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the
+            # caller's tensors decide (the buffers and outputs come from torch's allocator)
+            ok = aligned(q, k, v, cu_q, cu_k, *descales)
+        else:
+            t["Q"], t["K"] = t["Q8"], t["K8"]
+            t["q"], t["k"], t["v"], t["Rot"] = q, k, v, self.rot
+            ok = aligned(q, k, v, cu_q, cu_k)
+        t["Out"], t["cu_seqlens_q"], t["cu_seqlens_k"] = out, cu_q, cu_k
+        for launch, descs in zip(self.launches, self.descriptors):
             if descs:  # the Gluon kernel: its descriptors around this call's tensors
-                tensors = {**tensors, **make_descriptors(descs, tensors)}
-            launch(tensors, aligned)
+                t.update(descs(t))
+            launch(t, ok)
         return out, lse
 
     def bind_shadows(self) -> None:  # no portable twin: the key carries the inputs' alignment
         raise NotImplementedError
+
+
+_ONES: dict = {}  # device -> a 1-element fp32 1.0 (descale_views of None)
+
+
+def _ones(device) -> torch.Tensor:
+    """The 1.0 the kernels read for a None descale: one tensor per device, made outside
+    torch.compile's tracing and CUDA-graph capture (a tensor made there belongs to the traced or
+    captured program)."""
+    if torch.compiler.is_compiling():
+        return torch.ones(1, device=device)
+    one = _ONES.get(device)
+    if one is None:
+        one = torch.ones(1, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _ONES[device] = one
+    return one
 
 
 def descale_views(name: str, d, batch: int, heads: int, kv_heads: int, seqlen: int, device) -> torch.Tensor:
@@ -123,7 +161,7 @@ def descale_views(name: str, d, batch: int, heads: int, kv_heads: int, seqlen: i
     or per block (B, heads, ceil(S / 128))."""
     blocks = -(-seqlen // f8.SCALE_BLOCK)
     if d is None:
-        return torch.ones(1, device=device).as_strided((batch, heads, 1), (0, 0, 0))
+        return _ones(device).as_strided((batch, heads, 1), (0, 0, 0))
     if not isinstance(d, torch.Tensor):
         raise ValueError(f"{name}: expected an fp32 torch.Tensor or None, got {type(d).__name__}")
     if d.dtype != torch.float32:
@@ -155,9 +193,9 @@ def no_grad_check(*tensors) -> None:
                          "or use precision=None for training")
 
 
-def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
-             descales=None, out_dtype: torch.dtype | None = None):
-    """(out, lse) of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
+def fp8_plan(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
+             descales=None, out_dtype: torch.dtype | None = None) -> Fp8Plan:
+    """The plan of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
     quantized = q.dtype == E4M3
     out_dtype = out_dtype or (torch.bfloat16 if quantized else q.dtype)
     # e4m3 inputs go to the kernel as they are: whether the copy engine can read them (16-byte
@@ -175,7 +213,14 @@ def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0
                                        out_dtype=out_dtype, descales=descales))
     elif opts.layout == "packed":
         validate.check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
-    return plan.run(q, k, v, cu_q, cu_k, descales)
+    return plan
+
+
+def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
+             descales=None, out_dtype: torch.dtype | None = None):
+    """(out, lse) of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
+    return fp8_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype).run(q, k, v, cu_q, cu_k,
+                                                                                             descales)
 
 
 def check_quantized(q, k, v, layout: str) -> None:

@@ -47,9 +47,12 @@ class DecodePlan(Plan):
         capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
         self.opts, self.dtype = opts, q.dtype
         self.resolve(q, Dims(hq, hkv, dqk, dv, bucket_of(sq, capacity, B * hq)), opts, False)
-        if paged and self.config_source == "default":  # tuned winners are measured contiguous
-            self.config = fam_decode.paged_default(self.spec, self.device_class)
-            self.config_source = "default (paged)"
+        # a tuned winner was timed on both layouts of a bf16 / fp16 cache; an e4m3 cache's loop is
+        # bound by instructions, not bytes, and keeps its own default unless a config is forced
+        fp8_cache = k_cache.dtype == torch.float8_e4m3fn
+        if self.config_source == "default" and paged or fp8_cache and self.config_source != "forced":
+            self.config = fam_decode.layout_default(self.spec, self.device_class, paged, fp8_cache)
+            self.config_source = "default (" + ", ".join(("paged",) * paged + ("e4m3 cache",) * fp8_cache) + ")"
         if num_splits:
             self.config = dataclasses.replace(self.config, num_splits=num_splits)
             self.config_source += " (num_splits given)"

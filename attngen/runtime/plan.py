@@ -25,9 +25,9 @@ import torch
 from attngen import env
 from attngen.buckets import ShapeBucket, bucket_of
 from attngen.families.base import Family
-from attngen.kernels.launch import make_descriptors
+from attngen.kernels.launch import CompiledLaunch, Descriptors
 from attngen.runtime import dispatch, loader
-from attngen.runtime.plans import CompiledLaunch, aligned
+from attngen.runtime.plans import aligned
 from attngen.spec import KernelSpec
 
 
@@ -137,8 +137,8 @@ class Plan:
         tensors of the call that built them."""
         self.launches_spec = launches
         self.launches = [CompiledLaunch(la, self.device, self.device_class == "cpu") for la in launches]
-        # each launch's TMA descriptors (rebuilt around each call's tensors)
-        self.descriptors = [la.descriptors for la in launches]
+        # each launch's TMA descriptors (rebuilt around each call's tensors; validated once)
+        self.descriptors = [Descriptors(la.descriptors) if la.descriptors else None for la in launches]
         # copy-engine kernels (host or in-kernel descriptors) need 16-byte aligned bases
         self.tma = any(la.descriptors or la.scratch for la in launches)
         for la in launches:  # a plan must not keep the first call's tensors alive
@@ -169,7 +169,7 @@ class Plan:
             if not ok:
                 return False
             for launch, descs in zip(self.launches, self.descriptors):
-                launch({**tensors, **make_descriptors(descs, tensors)} if descs else tensors, ok)
+                launch({**tensors, **descs(tensors)} if descs else tensors, ok)
         else:
             for launch in self.launches:
                 launch(tensors, ok)

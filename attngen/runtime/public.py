@@ -1,8 +1,8 @@
 """The public entry points, `attngen.attention` / `attention_varlen`, over the runtime's plans
 (attngen.runtime.api) and, inside torch.compile, its custom ops (attngen.runtime.ops).
 
-* eager, no gradient wanted: a warm call is one dict lookup (api._FAST), the output allocations
-  and the launches;
+* eager, no gradient wanted: a warm call is one dict lookup (api._FAST; precision="fp8":
+  fp8._FAST), the output allocations and the launches;
 * eager, a gradient wanted: an autograd Function around the same plans (_EagerAttention);
 * inside torch.compile: the `attngen::attention_fwd` / `attention_bwd` custom ops, whose
   implementations use the same plans.
@@ -38,9 +38,8 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     q's dtype.
     """
     if precision is not None and fp8.check_precision(precision, rotate):
-        validate.check_dense(q, k, v, layout)
-        return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse,
-                         rotate)
+        return _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse,
+                              rotate)
     compiling = torch.compiler.is_compiling()
     if not compiling:
         try:  # the fast path: a warm call is this lookup, two allocations and the launches
@@ -158,15 +157,40 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     return (out, lse) if return_lse else out
 
 
+def _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate):
+    """attention(precision="fp8"); eager, a warm call is one dict lookup (fp8._FAST, keyed as
+    api._FAST plus rotate), the allocations and the launches."""
+    key = None
+    if not torch.compiler.is_compiling():
+        try:
+            key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+                   v.dtype, q.device, k.device, v.device, layout, causal, window_size, softcap, scale,
+                   causal_alignment, rotate, dispatch.override())
+            plan = fp8._FAST.get(key)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
+            key = plan = None
+        if plan is not None:
+            fp8.no_grad_check(q, k, v)
+            out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
+            return (out, lse) if return_lse else out
+    validate.check_dense(q, k, v, layout)
+    return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate,
+                     fast_key=key)
+
+
 def _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate,
-              cu_q=None, cu_k=None, max_q=0, max_k=0, descales=None, out_dtype=None):
-    """The fp8 family's call (attention / attention_varlen with precision="fp8", attention_fp8)."""
+              cu_q=None, cu_k=None, max_q=0, max_k=0, descales=None, out_dtype=None, fast_key=None):
+    """The fp8 family's call (attention / attention_varlen with precision="fp8", attention_fp8);
+    fast_key: attention()'s key of this call's plan in fp8._FAST."""
     fp8.no_grad_check(q, k, v)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
     if torch.compiler.is_compiling():
         out, lse = ops.attention_fp8(q, k, v, descales, cu_q, cu_k, max_q, max_k, opts, rotate, out_dtype)
     else:
-        out, lse = fp8.fp8_impl(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype)
+        plan = fp8.fp8_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype)
+        if fast_key is not None:
+            fp8._FAST.put(fast_key, plan)
+        out, lse = plan.run(q, k, v, cu_q, cu_k, descales, want_lse=bool(return_lse))
     return (out, lse) if return_lse else out
 
 

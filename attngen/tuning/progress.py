@@ -25,6 +25,13 @@ def config_text(config: dict, family: str | None = None) -> str:
     return " ".join(f"{SHORT.get(k, k)}={int(v) if isinstance(v, bool) else v}" for k, v in config.items())
 
 
+def unit(family: str | None) -> str:
+    """What a family's trials measure: "TFLOP/s", or "GB/s" (decode), from its tuning hooks."""
+    if family in FAMILIES and FAMILIES[family].hooks:
+        return FAMILIES[family].tuning_hooks().unit
+    return "TFLOP/s"
+
+
 class Progress:
     """Plain lines (logs, tests, workers); RichProgress draws bars when stdout is a terminal."""
 
@@ -39,12 +46,12 @@ class Progress:
         self.say(f"[{index + 1}/{total}] {target.label}: {measured}/{budget} configs measured")
 
     def trial(self, target: Target, measured: int, budget: int, cfg: dict, outcome, best) -> None:
-        short = config_text(cfg, target.spec.family)
+        short, u = config_text(cfg, target.spec.family), unit(target.spec.family)
         if outcome.status == "ok":
-            what = f"{outcome.time_ms:.4f} ms {outcome.tflops:.4g} TFLOP/s"
+            what = f"{outcome.time_ms:.4f} ms {outcome.tflops:.4g} {u}"
         else:
             what = f"{outcome.status}: {(outcome.error or '')[:120]}"
-        best_s = f"; best {best[0]:.4f} ms {best[1]:.4g} TFLOP/s" if best else ""
+        best_s = f"; best {best[0]:.4f} ms {best[1]:.4g} {u}" if best else ""
         self.say(f"  {measured}/{budget} {short}: {what}{best_s}")
 
     def finish(self, target: Target, report: "TargetReport") -> None:
@@ -76,7 +83,7 @@ class RichProgress(Progress):
         self.task = self.bar.add_task(target.label, total=budget, completed=measured, best="")
 
     def trial(self, target, measured, budget, cfg, outcome, best) -> None:
-        best_s = f"best {best[0]:.4f} ms {best[1]:.0f} TFLOP/s" if best else ""
+        best_s = f"best {best[0]:.4f} ms {best[1]:.0f} {unit(target.spec.family)}" if best else ""
         self.bar.update(self.task, completed=measured, best=best_s)
         if outcome.status != "ok":
             text = config_text(cfg, target.spec.family)
@@ -107,10 +114,11 @@ class TargetReport:
             return f"skipped: {self.skipped}"
         if self.best_ms is None:
             return f"{self.measured} measured, no config passed"
+        u = unit(self.target.spec.family)
         gain = (f", {self.default_ms / self.best_ms - 1:+.1%} vs default "
-                f"{self.default_tflops:.4g} TFLOP/s") if self.default_ms else ""
+                f"{self.default_tflops:.4g} {u}") if self.default_ms else ""
         return (f"{self.measured} measured; winner {self.best_ms:.4f} ms {self.best_tflops:.4g} "
-                f"TFLOP/s {config_text(self.best_config, self.target.spec.family)}{gain}")
+                f"{u} {config_text(self.best_config, self.target.spec.family)}{gain}")
 
 
 def summary(reports: list[TargetReport], seconds: float, opts) -> None:

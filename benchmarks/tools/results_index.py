@@ -1,8 +1,11 @@
-"""Write benchmarks/results/INDEX.md: every file in benchmarks/results/ with what it shows, the
-commit and date of the run, and the documents that cite it.
+"""Write the indexes of the committed runs: benchmarks/results/INDEX.md (benches, GPU test logs,
+correctness grids, tuning runs) and benchmarks/ab/INDEX.md (A/B runs of kernel or config variants),
+each listing every file of its folder with what it shows, the commit and date of the run, and the
+documents that cite it.
 
-    python3 benchmarks/tools/results_index.py          # rewrite the index
-    python3 benchmarks/tools/results_index.py --check  # exit 1 when it is stale or a file is cited nowhere
+    python3 benchmarks/tools/results_index.py          # rewrite both indexes
+    python3 benchmarks/tools/results_index.py --check  # exit 1 when an index is stale, a file is cited
+                                                       # nowhere, or an A/B run sits in benchmarks/results/
 """
 
 from __future__ import annotations
@@ -11,13 +14,26 @@ import argparse
 import fnmatch
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "benchmarks" / "results"
-INDEX = RESULTS / "INDEX.md"
+AB_RUN = "*_ab_*"  # how an A/B run is named (h200_ab_<what>_<date>.json); such files live in benchmarks/ab/
+FOLDERS = {  # folder -> the opening of its index
+    REPO / "benchmarks" / "results": [
+        "Every file here (the committed runs the docs cite: benches, GPU test logs, correctness grids,",
+        "tuning runs), what it shows, the commit of the run (where the file records it; the device",
+        "copy of a tree can record its base commit plus local changes) and its date, and the documents",
+        "that cite it. A/B runs of kernel or config variants live in `benchmarks/ab/` (its own INDEX.md).",
+    ],
+    REPO / "benchmarks" / "ab": [
+        "Every A/B run here (kernel or config variants measured side by side in one process, by",
+        "`benchmarks/tools/fwd_ab.py`, `bwd_ab.py`, `varlen_ab.py`), what it shows, the commit of the run",
+        "(where the file records it; the device copy of a tree can record its base commit plus local",
+        "changes) and its date, and the documents that cite it.",
+    ],
+}
+INDEX = "INDEX.md"
 DOCS = ["README.md", "docs/*.md", "benchmarks/README.md", "tuning_db/README.md", "attngen/**/*.py", "tests/**/*.py"]
 KINDS = [  # filename pattern -> what such a file shows
     ("h200_bench_*", "`attngen bench` run: TFLOP/s of attngen beside the peers, one JSON row per case and mode"),
@@ -34,13 +50,22 @@ KINDS = [  # filename pattern -> what such a file shows
 ]
 
 
-def citations() -> dict[str, list[str]]:
-    """file name -> the documents citing it (by name, stem, or a pattern such as name_*_2026.json)."""
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name != INDEX) if folder.is_dir() else []
+
+
+def citations() -> dict[Path, dict[str, list[str]]]:
+    """folder -> file name -> the documents citing it (by name, stem, or a pattern such as
+    name_*_2026.json; a name alone finds the file in whichever folder holds it)."""
     texts = {}
     for pattern in DOCS:
         for p in REPO.glob(pattern):
-            if "results" not in p.parts:
-                texts[str(p.relative_to(REPO))] = p.read_text(errors="ignore")
+            if not any(p.is_relative_to(folder) for folder in FOLDERS):
+                texts[rel(p)] = p.read_text(errors="ignore")
     tokens = re.compile(r"[\w.*…{},-]*(?:h200|cpu|gpu|fp8)_[\w.*…{},-]+")
     pats = set()
     for doc, text in texts.items():
@@ -51,21 +76,24 @@ def citations() -> dict[str, list[str]]:
                       if brace else [tok]):
                 pats.add((t, doc))
     out = {}
-    for f in sorted(p.name for p in RESULTS.iterdir() if p.name != INDEX.name):
-        stem = f.rsplit(".", 1)[0]
-        out[f] = sorted({doc for pat, doc in pats
-                         if pat in (f, stem) or fnmatch.fnmatch(f, pat) or fnmatch.fnmatch(stem, pat)})
+    for folder in FOLDERS:
+        out[folder] = {}
+        for f in files(folder):
+            stem = f.rsplit(".", 1)[0]
+            out[folder][f] = sorted({doc for pat, doc in pats
+                                     if pat in (f, stem) or fnmatch.fnmatch(f, pat) or fnmatch.fnmatch(stem, pat)})
     return out
 
 
-def describe(name: str) -> tuple[str, str, str]:
+def describe(path: Path) -> tuple[str, str, str]:
     """(what, commit, date) of a results file."""
+    name = path.name
     what = next(text for pat, text in KINDS if fnmatch.fnmatch(name, pat))
     date = (re.search(r"\d{4}-\d{2}-\d{2}", name) or [""])[0]
     commit = ""
     if name.endswith(".json"):
         try:
-            data = json.loads((RESULTS / name).read_text())
+            data = json.loads(path.read_text())
         except ValueError:
             data = {}
         if isinstance(data, dict):
@@ -77,15 +105,13 @@ def describe(name: str) -> tuple[str, str, str]:
     return what, commit, date
 
 
-def render(cited: dict[str, list[str]]) -> str:
-    lines = ["# benchmarks/results: index", "",
-             "Every file here, what it shows, the commit of the run (where the file records it; the device",
-             "copy of a tree can record its base commit plus local changes) and its date, and the documents",
-             "that cite it. Written by `python3 benchmarks/tools/results_index.py`; a file cited nowhere",
-             "leaves the tree (git history keeps it).", "",
+def render(folder: Path, cited: dict[str, list[str]]) -> str:
+    lines = [f"# {rel(folder)}: index", "", *FOLDERS[folder],
+             "Written by `python3 benchmarks/tools/results_index.py`; a file cited nowhere leaves the tree",
+             "(git history keeps it).", "",
              "| file | what it shows | commit | date | cited in |", "| --- | --- | --- | --- | --- |"]
     for f, docs in cited.items():
-        what, commit, date = describe(f)
+        what, commit, date = describe(folder / f)
         lines.append(f"| `{f}` | {what} | {commit or '-'} | {date or '-'} | {', '.join(docs) or '**nowhere**'} |")
     return "\n".join(lines) + "\n"
 
@@ -95,18 +121,26 @@ def main(argv=None) -> int:
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
     cited = citations()
-    text = render(cited)
-    if args.check:
-        uncited = [f for f, docs in cited.items() if not docs]
-        stale = not INDEX.exists() or INDEX.read_text() != text
-        for f in uncited:
-            print(f"cited nowhere: benchmarks/results/{f}", file=sys.stderr)
-        if stale:
-            print("benchmarks/results/INDEX.md is stale: run python3 benchmarks/tools/results_index.py", file=sys.stderr)
-        return 1 if uncited or stale else 0
-    INDEX.write_text(text)
-    print(f"wrote {INDEX.relative_to(REPO)} ({len(cited)} files)")
-    return 0
+    bad = False
+    for folder, names in cited.items():
+        index = folder / INDEX
+        text = render(folder, names)
+        if not args.check:
+            index.write_text(text)
+            print(f"wrote {rel(index)} ({len(names)} files)")
+            continue
+        for f, docs in names.items():
+            if not docs:
+                bad = True
+                print(f"cited nowhere: {rel(folder / f)}", file=sys.stderr)
+        if not index.exists() or index.read_text() != text:
+            bad = True
+            print(f"{rel(index)} is stale: run python3 benchmarks/tools/results_index.py", file=sys.stderr)
+    results = REPO / "benchmarks" / "results"
+    for f in (fnmatch.filter(cited[results], AB_RUN) if args.check else []):
+        bad = True
+        print(f"an A/B run in benchmarks/results/: git mv benchmarks/results/{f} benchmarks/ab/", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -76,3 +76,49 @@ def test_every_shipped_winner_finds_its_module():
     conn.close()
     assert rows
     assert [(uri, h) for uri, h in rows if current.get(uri) != h] == []
+
+
+def test_an_f_string_hashes_as_one_string_token():
+    """Python 3.12 splits an f-string into FSTRING_START / MIDDLE / END tokens, with the names
+    and operators of its fields in between, and renumbers the token types (OP 54 -> 55); the hash
+    takes the f-string back to one STRING token of its source text and numbers types as 3.11 does,
+    so a winner tuned under one Python (the GPU machine's 3.12) is found under another (3.11)."""
+    from attngen.codegen.hashing import _tokens
+
+    src = 'x = f"a{b + 1:>{w}}c" + g(1)\n'
+    toks = [(kind, text) for kind, text, _ in _tokens(src)]
+    assert toks == [(1, "x"), (54, "="), (3, 'f"a{b + 1:>{w}}c"'), (54, "+"), (1, "g"), (54, "("), (2, "1"),
+                    (54, ")"), (4, "\n")]
+
+
+def _other_pythons():
+    import glob
+    found = [shutil.which(f"python3.{m}") for m in range(8, 20)]
+    found += glob.glob("/root/.pyenv/versions/3.*/bin/python3")
+    return sorted({p for p in found if p})
+
+
+def test_the_hash_is_the_same_under_every_python_here():
+    """Every generated module hashes the same under each Python 3.11+ interpreter this machine
+    has (the file attngen/codegen/hashing.py loaded alone: it needs only the standard library).
+    The Python running the tests is always one of them."""
+    import subprocess
+    import sys
+
+    path = REPO_ROOT / "attngen" / "codegen" / "hashing.py"
+    files = sorted(str(f) for f in GENERATED.glob("*.py"))
+    prog = ("import importlib.util, json, sys\n"
+            f"s = importlib.util.spec_from_file_location('h', {str(path)!r}); m = importlib.util.module_from_spec(s)\n"
+            "s.loader.exec_module(m)\n"
+            "print(json.dumps([m.kernel_hash(open(f).read()) for f in sys.argv[1:]]))\n")
+    ran = 0
+    for py in [sys.executable] + _other_pythons():
+        ver = subprocess.run([py, "-c", "import sys; print(sys.version_info >= (3, 11))"], capture_output=True,
+                             text=True)
+        if ver.stdout.strip() != "True":
+            continue
+        got = json.loads(subprocess.run([py, "-c", prog, *files], capture_output=True, text=True, check=True).stdout)
+        assert got == [kernel_hash(open(f).read()) for f in files], py
+        assert got == [_constant(open(f).read(), "KERNEL_HASH") for f in files], py
+        ran += 1
+    assert ran >= 1

@@ -287,16 +287,19 @@ def test_every_generated_decode_kernel(spec, path):
     golden.check("decode", spec.uri, "paged_split2", {"out": out, "lse": lse}, {"out": err, "lse": lerr})
 
 
-# an fp8 cache: (paged or not, new tokens, one descale for every batch row)
-FP8_KV = [(0, 0, False), (16, 3, True), (0, 2, False)]
+# an fp8 cache: (paged or not, new tokens, one descale for every batch row, q's magnitude)
+FP8_KV = [(0, 0, False, 1.0), (16, 3, True, 1.0), (0, 2, False, 1.0), (0, 0, False, 3e4), (16, 0, True, 1e-6)]
 
 
-@pytest.mark.parametrize("page,new,shared", FP8_KV, ids=[f"page{p}_new{n}" for p, n, _ in FP8_KV])
-def test_fp8_kv_cache_against_float64(page, new, shared):
+@pytest.mark.parametrize("page,new,shared,q_mag", FP8_KV, ids=[f"page{p}_new{n}_q{m:g}" for p, n, _, m in FP8_KV])
+def test_fp8_kv_cache_against_float64(page, new, shared, q_mag):
     """e4m3 caches with fp32 descales (B, Hkv): against float64 attention on the dequantized cache
     (x8 * descale), the 2x rule against PyTorch in q's dtype on the same cache; new k / v are
     divided by the descales and rounded to e4m3 into the cache, and seen by the call. A paged pool
-    is shared by the batch rows, so its descales are the same for each row (shared)."""
+    is shared by the batch rows, so its descales are the same for each row (shared). The kernel's
+    dots run in fp16 on an e4m3 cache: a q beyond fp16's range (3e4 x N(0, 1)) or in its
+    subnormals (1e-6 x N(0, 1)), with the softmax scale divided by the same factor, must come out
+    as accurate as q of unit size."""
     B, sq, hq, hkv, d, cap = 3, 2, 8, 2, 64, 150
     E4 = torch.float8_e4m3fn
     k_src, v_src, table = make_cache(B, cap, hkv, d, torch.bfloat16, page, seed=21)
@@ -310,12 +313,14 @@ def test_fp8_kv_cache_against_float64(page, new, shared):
     v8 = quant(v_src, vd if not page else vd[:1].expand(v_src.shape[0], hkv))
     q, k_new, v_new = random_inputs((B, sq, hq, d), (B, max(new, 1), hkv, d), (B, max(new, 1), hkv, d),
                                     dtype=torch.bfloat16, seed=23)
+    q = (q.float() * q_mag).to(q.dtype)
+    scale = 1 / (math.sqrt(d) * q_mag)
     capacity = table.shape[1] * page if page else cap
     seqlens = torch.tensor([0, 77, capacity - new], dtype=torch.int32)
     kw = dict(k=k_new, v=v_new) if new else {}
     with torch.no_grad():
         out, lse = attngen.attention_with_kvcache(q, k8, v8, seqlens, block_table=table, return_lse=True,
-                                                  k_descale=kd, v_descale=vd, **kw)
+                                                  k_descale=kd, v_descale=vd, scale=scale, **kw)
     kr, vr = rows_view(k8, table, B), rows_view(v8, table, B)
     if new:  # the new tokens in the cache, rounded as the caller's quantization would
         for b, s in enumerate(seqlens.tolist()):
@@ -324,10 +329,9 @@ def test_fp8_kv_cache_against_float64(page, new, shared):
     kf = kr.double() * kd.double()[:, None, :, None]
     vf = vr.double() * vd.double()[:, None, :, None]
     lens = [s + new for s in seqlens.tolist()]
-    o64, l64 = reference(q, kf, vf, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
-    opt, _ = reference(q, kf.to(q.dtype), vf.to(q.dtype), lens, True, (-1, -1), 0.0, 1 / math.sqrt(d),
-                       upcast=False)
-    assert_flash_rule(f"fp8 cache page {page}", out, o64, opt, 2.0)
+    o64, l64 = reference(q, kf, vf, lens, True, (-1, -1), 0.0, scale)
+    opt, _ = reference(q, kf.to(q.dtype), vf.to(q.dtype), lens, True, (-1, -1), 0.0, scale, upcast=False)
+    assert_flash_rule(f"fp8 cache page {page} q x {q_mag:g}", out, o64, opt, 2.0)
     assert_lse_close("fp8 cache lse", lse, l64)
 
 

@@ -373,3 +373,94 @@ def test_forced_config_is_part_of_the_plan_key():
     with pytest.raises(ValueError, match="cannot launch"):
         with dispatch.forced_config(fwd_fp8=f8.Fp8Config(128, 128, 4, 3, consumers=2)):  # no Gluon kernel at hd64 x 2
             attngen.attention(q, k, v, precision="fp8", causal=True, softcap=5.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# the plan's per-call host work: one allocation for the fp8 buffers, one dict for the launches,
+# a warm attention(precision="fp8") without validation
+
+
+def test_fp8_buffers_are_views_of_one_allocation():
+    spec = _spec(80, 48, 2, "none")
+    q, k, v = (torch.empty(2, h, 70, d) for h, d in ((4, 80), (2, 80), (2, 48)))
+    shapes = {**f8.buffers(spec, q, k, v, False), "Lse": ((2, 4, 70), "fp32")}
+    bufs = f8.alloc(shapes, "cpu")
+    base = bufs["Q8"].untyped_storage().data_ptr()
+    spans = []
+    for name, (shape, kind) in shapes.items():
+        t = bufs[name]
+        assert t.dtype == (E4M3 if kind == "fp8" else torch.float32) and tuple(t.shape) == shape, name
+        assert t.is_contiguous() and t.untyped_storage().data_ptr() == base, name
+        assert (t.data_ptr() - base) % f8.ALLOC_ALIGN == 0, name
+        spans.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "overlapping buffers"
+    assert spans[-1][1] <= base + bufs["Q8"].untyped_storage().nbytes()
+
+
+def _count_empty(monkeypatch):
+    calls = []
+    empty = torch.empty
+
+    def counting(*a, **kw):
+        calls.append(a)
+        return empty(*a, **kw)
+
+    monkeypatch.setattr(torch, "empty", counting)
+    return calls
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_warm_fp8_call_skips_validation_and_allocates_twice(monkeypatch, layout):
+    """A warm attention(precision="fp8") is the fast key's lookup: no validation, and the same
+    bytes; the output and the fp8 buffers are its two allocations (the LSE, when returned, a
+    third; when not, a view of the buffers' allocation)."""
+    from attngen.runtime import validate
+
+    shapes = [(1, 4, 90, 64), (1, 2, 90, 64), (1, 2, 90, 64)]
+    if layout == "bshd":
+        shapes = [(s[0], s[2], s[1], s[3]) for s in shapes]
+    q, k, v = random_inputs(*shapes, dtype=torch.bfloat16, seed=21)
+    want, want_lse = attngen.attention(q, k, v, causal=True, precision="fp8", layout=layout, return_lse=True)
+
+    def refuse(*a, **kw):
+        raise AssertionError("a warm call validated its arguments")
+
+    monkeypatch.setattr(validate, "check_dense", refuse)
+    monkeypatch.setattr(validate, "make_options", refuse)
+    calls = _count_empty(monkeypatch)
+    out = attngen.attention(q, k, v, causal=True, precision="fp8", layout=layout)
+    assert len(calls) == 2 and torch.equal(out, want)
+    assert out.is_contiguous() and out.shape == q.shape and out.untyped_storage().nbytes() == out.numel() * 2
+    calls.clear()
+    out, lse = attngen.attention(q, k, v, causal=True, precision="fp8", layout=layout, return_lse=True)
+    assert len(calls) == 3 and torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert lse.is_contiguous() and lse.untyped_storage().nbytes() == lse.numel() * 4
+
+
+def test_fp8_launches_take_the_calls_tensors(monkeypatch):
+    """The prologue's parameters, renamed into the attention kernel's dict: each launch gets the
+    caller's tensor, the fp8 buffer and the descale it got before (one dict a call)."""
+    from attngen.kernels.launch import CompiledLaunch
+
+    q, k, v = random_inputs((1, 2, 40, 32), (1, 2, 40, 32), (1, 2, 40, 16), dtype=torch.bfloat16, seed=22)
+    attngen.attention(q, k, v, precision="fp8")
+    seen = []
+    monkeypatch.setattr(CompiledLaunch, "__call__",
+                        lambda self, tensors, ok: seen.append(dict(zip(self.tensor_names, self.pick(tensors)))))
+    out, lse = attngen.attention(q, k, v, precision="fp8", return_lse=True)
+    qs, ks, vs, attn = seen
+    for x, got, buf, scale in ((q, qs, "Q", "QScale"), (k, ks, "K", "KScale"), (v, vs, "Vt", "VScale")):
+        assert got["X"] is x and got["X8"] is attn[buf] and got["Scale"] is attn[scale]
+        assert got["cu_seqlens"] is None
+    assert attn["Out"] is out and attn["Lse"] is lse and attn["Q"].dtype == E4M3
+    assert qs["Rot"] is ks["Rot"] and qs["Rot"].dtype == torch.bfloat16  # the plan's rotation
+
+
+def test_none_descale_is_one_tensor_per_device():
+    from attngen.runtime import fp8 as rt_fp8
+
+    a = rt_fp8.descale_views("q_descale", None, 2, 4, 2, 300, torch.device("cpu"))
+    b = rt_fp8.descale_views("k_descale", None, 1, 2, 2, 90, torch.device("cpu"))
+    assert a.shape == (2, 4, 1) and a.stride() == (0, 0, 0) and torch.all(a == 1)
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

@@ -267,12 +267,12 @@ def test_too_many_documents_is_a_clear_error_before_any_launch(monkeypatch):
     """attention_varlen over 2^22 documents (one of 1024 tokens, the others empty) x 32 heads on
     the CPU: 16 query blocks x 2^27 (documents x heads) = 2^31 programs. The plan's launcher says
     so before launching anything, and keeps no plan."""
-    from attngen.runtime import plans
+    from attngen.kernels import launch
 
     def no_launch(*args, **kwargs):
         raise AssertionError("a kernel launched")
 
-    monkeypatch.setattr(plans.CompiledLaunch, "__call__", no_launch)
+    monkeypatch.setattr(launch.CompiledLaunch, "__call__", no_launch)
     docs, L, H, d = 1 << 22, 1024, 32, 64
     q, k, v = (torch.zeros(L, H, d, dtype=torch.float16) for _ in range(3))
     cu = torch.full((docs + 1,), L, dtype=torch.int32)

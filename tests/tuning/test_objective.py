@@ -174,8 +174,9 @@ def test_backward_varlen_trial(monkeypatch):
 
 def test_decode_objective_measures_gb_per_second(monkeypatch):
     """The decode family tunes on the decode bucket through its own hooks: one query token on a
-    full cache, checked against float64 per row, throughput in GB/s of K and V read; a wrong or
-    unwritten output is a failed trial, a config its filter rejects is never launched."""
+    full cache, contiguous and paged by 16 in one trial (one winner serves both), each checked
+    against float64 per row, throughput in GB/s of K and V read (twice); a wrong or unwritten
+    output of either layout is a failed trial, a config its filter rejects is never launched."""
     from attngen.families import decode as fdec
     from attngen.families.decode import DecodeConfig
 
@@ -188,15 +189,20 @@ def test_decode_objective_measures_gb_per_second(monkeypatch):
     assert o.unit == "GB/s"
     ok = o.run(DecodeConfig(32, 4, 1, 2))
     kv_bytes = p.batch * 64 * p.heads_kv * 256 * 2
-    assert ok.status == "ok" and ok.tflops == pytest.approx(kv_bytes / 2.0 / 1e6), ok
+    assert ok.status == "ok" and ok.tflops == pytest.approx(2 * kv_bytes / 2.0 / 1e6), ok
     assert o.run(DecodeConfig(24, 4, 1)).status == "invalid"
     real = fdec.decode_launches
 
-    def drop_a_split(*a, **k):
-        return real(*a, **k)[:1]  # the combine never runs: the output stays NaN
+    def drop_a_split(*a, paged_only=False, **k):
+        las = real(*a, **k)
+        return las[:1] if not paged_only or len(a) > 14 else las  # the combine never runs: NaN stays
+    # (the hooks build a config's launches once and replay them: each broken run is a new config)
     monkeypatch.setattr(fdec, "decode_launches", drop_a_split)
-    bad = o.run(DecodeConfig(32, 4, 1, 2))
-    assert bad.status == "failed" and "non-finite" in bad.error, bad
+    bad = o.run(DecodeConfig(32, 4, 2, 2))
+    assert bad.status == "failed" and "contiguous" in bad.error and "non-finite" in bad.error, bad
+    monkeypatch.setattr(fdec, "decode_launches", lambda *a, **k: drop_a_split(*a, paged_only=True, **k))
+    bad = o.run(DecodeConfig(32, 2, 1, 2))
+    assert bad.status == "failed" and "paged by 16" in bad.error and "non-finite" in bad.error, bad
 
 
 def test_fp8_objective_quantizes_inside_the_trial(monkeypatch):
@@ -222,3 +228,28 @@ def test_fp8_objective_quantizes_inside_the_trial(monkeypatch):
     monkeypatch.setattr(f8t, "fp8_launches", scaled_wrong)
     bad = o.run(f8.Fp8Config(32, 32, 4, 1))
     assert bad.status == "failed" and "wrong result" in bad.error, bad
+
+
+def test_fp8_reference_by_head_chunks_equals_one_piece(monkeypatch):
+    """The fp8 objective's float64 reference and emulation run over groups of query heads when a
+    bucket's scores would not fit (32 heads at 16k x 16k: 64 GiB); the groups keep whole GQA
+    groups, and the result is the one-piece result exactly."""
+    from attngen.families import fwd_fp8_tuning as t8
+    from attngen.problem import attention_ref
+
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 8, 40, 64, generator=g).to(torch.bfloat16)
+    k, v = (torch.randn(1, 2, 50, 64, generator=g).to(torch.bfloat16) for _ in range(2))
+    kw = dict(causal=True, window_size=(-1, -1), softcap=0.0, scale=0.125)
+    for fn in (attention_ref, t8.emulate):
+        whole = fn(q, k, v, **kw)
+        calls = []
+        monkeypatch.setattr(t8, "REF_SCORE_BYTES", 40 * 50 * 8 * 4)  # 4 heads' scores: two groups of 4
+
+        def counted(*a, **k_):
+            calls.append(a[0].shape[1])
+            return fn(*a, **k_)
+        parts = t8.by_head_chunks(counted, q, k, v, kw)
+        monkeypatch.undo()
+        assert calls == [4, 4]
+        assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
