@@ -192,7 +192,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from attngen.tuning.progress import config_text
+    from attngen.tuning.progress import config_text, unit
     from attngen.db.winners import MIN_GAIN
 
     current = {r.uri: _current_kernel_hash(r.spec) for _, r in rows}
@@ -205,13 +205,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
                           f"hash now differs), ignored by the runtime; re-tune; overlaid: a winner of "
                           f"the user's database serves this bucket instead")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
-                      ("TFLOP/s", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left"),
+                      ("speed", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left"),
                       ("from", "left")):
         table.add_column(col, justify=just, no_wrap=col != "config")
     for origin, r in rows:
         overlaid = first[(r.uri, r.device_class, r.bucket)] != origin
         table.add_row(r.uri, r.device_class, r.bucket, config_text(r.config, r.family),
-                      f"{r.tflops:.1f}" if r.tflops else "-",
+                      f"{r.tflops:.1f} {unit(r.family)}" if r.tflops else "-",
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
                       (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
                       r.template_hash + ("" if r.template_hash == current[r.uri] else " stale"),

@@ -325,6 +325,7 @@ def test_cli_show_marks_only_stale_winners(tmp_path, capsys):
     old = next(ln for ln in lines if "attn_fwd_old_sm90" in ln)
     new = next(ln for ln in lines if ks.uri in ln)
     assert "hash1 stale" in old and current in new and "stale" not in new
+    assert "300.0 TFLOP/s" in new  # each row in its family's unit (decode: GB/s)
     (tmp_path / "junk.json").write_text("{")
     assert cli(["db", "import", str(tmp_path / "junk.json"), "--storage", str(b)]) == 2
     assert "not JSON" in capsys.readouterr().err
