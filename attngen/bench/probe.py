@@ -107,6 +107,35 @@ def ptxas_report(ptx: str, tmp: Path) -> dict:
     return out
 
 
+_SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+
+
+def main_loop(sass: str) -> dict | None:
+    """The attention main loop of a kernel's SASS: the smallest loop (a backward branch's body)
+    that holds both wgmmas and exponentials. Its static instruction count (both sides of any
+    branch inside it), the wgmma, ex2, bar.sync and local-memory instructions in it, and how many
+    of its wgmma waits come before its first ex2 (a wait placed there holds the softmax until the
+    matmuls it waits for are done). None when no loop holds both."""
+    ins = [(int(a, 16), t.strip()) for a, t in _SASS_INSTRUCTION.findall(sass)]
+    best = None
+    for addr, text in ins:
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if not target or int(target.group(1), 16) >= addr:
+            continue
+        lo = int(target.group(1), 16)
+        ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins if lo <= a <= addr]
+        if any("GMMA" in o for o in ops) and "MUFU.EX2" in ops and (best is None or len(ops) < len(best)):
+            best = ops
+    if best is None:
+        return None
+    first_ex2 = best.index("MUFU.EX2")
+    return {"instructions": len(best), "wgmma": sum("GMMA" in o for o in best),
+            "ex2": best.count("MUFU.EX2"), "bar_sync": sum(o.startswith("BAR.SYNC") for o in best),
+            "local_memory": sum(o.split(".")[0] in ("LDL", "STL") for o in best),
+            "waits": sum(o.startswith("WARPGROUP.DEPBAR") for o in best),
+            "waits_before_ex2": sum(o.startswith("WARPGROUP.DEPBAR") for o in best[:first_ex2])}
+
+
 def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sig, const = signature(launch)
     if getattr(launch.fn, "is_gluon", lambda: False)():
@@ -123,20 +152,21 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
     # the operand types of each wgmma ("f32.bf16.bf16", "f32.e4m3.e4m3", ...)
     rep["wgmma_types"] = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m\d+n\d+k\d+\.(\S+?)\s", ptx)))
-    # how many wgmma groups a wait leaves in flight (0 everywhere: no matmul overlaps the softmax
-    # inside a warp group)
+    # how many wgmma groups a wait leaves in flight in the PTX (the Gluon kernels: 1, P.V during
+    # the softmax; where ptxas puts its waits in the SASS: main_loop's waits_before_ex2)
     rep["wait_groups"] = sorted({int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)})
     # byte permutes: an 8-bit register tensor unpacked into bytes and packed again (a layout change
     # of fp8 data, or one carried over a loop)
     rep["byte_permutes"] = len(re.findall(r"\bprmt\.b32\b", ptx))
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    cubin = tmp / "k.cubin"
+    cubin.write_bytes(ck.asm["cubin"])
+    sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
+    rep["main_loop"] = main_loop(sass)
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
             (dump / f"{tag}.{ext}").write_text(ck.asm[ext])
-        cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-        cubin = tmp / "k.cubin"
-        cubin.write_bytes(ck.asm["cubin"])
-        sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
         (dump / f"{tag}.sass").write_text(sass)
     return rep
 
@@ -221,6 +251,11 @@ def main(argv=None) -> int:
         print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
               f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
               f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
+        if rep["main_loop"]:
+            ml = rep["main_loop"]
+            print(f"    main loop: {ml['instructions']} instructions, {ml['wgmma']} wgmma, {ml['ex2']} ex2, "
+                  f"{ml['bar_sync']} bar.sync, {ml['local_memory']} local-memory; {ml['waits_before_ex2']} of its "
+                  f"{ml['waits']} wgmma waits before the first ex2")
     if args.json:
         print(json.dumps(reports))
     return 1 if any("error" in r for r in reports) else 0

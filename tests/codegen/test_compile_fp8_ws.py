@@ -1,9 +1,11 @@
 """The warp-specialized Gluon fp8 forward (`_attn_fwd_fp8_ws`, templates/_fp8_ws.py.jinja) compiled
 for sm90 on a CPU machine (attngen.bench.probe, Triton's own ptxas): its matmuls are fp8 wgmmas
-(e4m3 x e4m3 into fp32), Q.K^T is waited for with one wgmma group in flight (block j-1's P.V
-during block j's softmax), P reaches P.V without shuffles or byte permutes (its layout change is a
-key reorder the prologue matches), nothing spills under the launch register cap, and the shared
-memory is the model's."""
+(e4m3 x e4m3 into fp32), Q.K^T is waited for with one wgmma group in flight in the PTX (block
+j-1's P.V; ptxas then waits for it too before the softmax's exponentials: the probe's main_loop
+reports where, docs/notes.md), P reaches P.V without shuffles or byte permutes (its layout change
+is a key reorder the prologue matches), nothing spills under the launch register cap, the shared
+memory is the model's, and the main loop holds one key block's work: its wgmmas and one ex2 per
+score (plus the two rows' rescale factors)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     assert ws["spill_stores"] == 0 and ws["registers"] <= ws_fp8_maxnreg(spec, cfg), ws
     want = ws_smem_bytes(spec, cfg)
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
+    # the main loop: Q.K^T in k32 steps over the qk width, P.V in k32 steps over the key block;
+    # 64 rows x block_n scores over a warp group's 128 threads, one ex2 each, and alpha's for the
+    # thread's two rows; nothing in local memory
+    loop = ws["main_loop"]
+    width = -(-hd // 16) * 16
+    assert loop is not None, ws
+    assert loop["wgmma"] == width // 32 + cfg.block_n // 32, loop
+    assert loop["ex2"] == 64 * cfg.block_n // 128 + 2, loop
+    assert loop["local_memory"] == 0 and loop["waits"] >= 2, loop
 
 
 def test_fp8_gluon_forward_exists_where_ws_fp8_says():

@@ -44,10 +44,13 @@ def test_operands_in_registers_leave_shared_memory(fam, config, kernel):
 
 @pytest.mark.parametrize("hd, mask", [(128, "causal"), (64, "sliding_window"), (256, "causal")])
 def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
-    """The Gluon forward (FwdConfig.consumers) waits with one wgmma group still in flight (P.V of
-    the previous key block runs during the softmax), which the Triton TMA kernel never does; it
-    compiles without spills under its 168-register cap, with the shared memory the model
-    predicts (Q for 128 rows, two K / V stages of 128 keys, 64 at hd256)."""
+    """The Gluon forward (FwdConfig.consumers) waits for Q.K^T with one wgmma group still in
+    flight in the PTX (P.V of the previous key block), which the Triton TMA kernel never does
+    (ptxas then waits for P.V too before the softmax's exponentials: the probe's main_loop says
+    where, docs/notes.md); it compiles without spills under its 168-register cap, with the shared
+    memory the model predicts (Q for 128 rows, two K / V stages of 128 keys, 64 at hd256), and
+    its main loop holds one key block's work: Q.K^T and P.V in k16 wgmma steps, one ex2 a score
+    (64 rows x block_n over 128 threads) plus the thread's two rows' rescale factors."""
     from attngen.spec import KernelSpec
     from attngen.configs import WS_DEFAULT, WS_DEFAULT_WIDE, WS_MAXNREG, fwd_smem_bytes
 
@@ -58,6 +61,10 @@ def test_warp_specialized_forward_keeps_a_matmul_in_flight(hd, mask):
     assert ws["kernel"] == "_attn_fwd_ws" and tma["kernel"] == "_attn_fwd_tma", (ws, tma)
     assert 1 in ws["wait_groups"] and tma["wait_groups"] == [0], (ws, tma)
     assert ws["spill_stores"] == 0 and ws["registers"] <= WS_MAXNREG, ws
+    loop = ws["main_loop"]
+    assert loop is not None and loop["local_memory"] == 0, ws
+    assert loop["wgmma"] == hd // 16 + cfg.block_n // 16, loop
+    assert loop["ex2"] == 64 * cfg.block_n // 128 + 2, loop
     want = fwd_smem_bytes(KernelSpec("fwd", "bf16", "sm90", hd, hd, 1, mask), cfg)
     assert want <= ws["shared_bytes"] <= want + 1024, (want, ws)
 
