@@ -28,7 +28,7 @@ FOLDERS = {  # folder -> the opening of its index
     ],
     REPO / "benchmarks" / "ab": [
         "Every A/B run here (kernel or config variants measured side by side in one process, by",
-        "`benchmarks/tools/fwd_ab.py`, `bwd_ab.py`, `varlen_ab.py`), what it shows, the commit of the run",
+        "`benchmarks/tools/fwd_ab.py`, `bwd_ab.py`, `varlen_ab.py`, `fp8_ab.py`), what it shows, the commit of the run",
         "(where the file records it; the device copy of a tree can record its base commit plus local",
         "changes) and its date, and the documents that cite it.",
     ],
