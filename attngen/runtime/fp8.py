@@ -219,8 +219,8 @@ def fp8_plan(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0
 def fp8_impl(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
              descales=None, out_dtype: torch.dtype | None = None):
     """(out, lse) of a validated fp8 call: bf16 / fp16 inputs (descales None), or e4m3 ones."""
-    return fp8_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype).run(q, k, v, cu_q, cu_k,
-                                                                                             descales)
+    plan = fp8_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype)
+    return plan.run(q, k, v, cu_q, cu_k, descales)
 
 
 def check_quantized(q, k, v, layout: str) -> None:
