@@ -126,10 +126,11 @@ SPACE: dict[str, tuple] = {
 }
 
 
-def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda") -> Fp8Config:
-    """The Gluon kernel where it exists and won (ws_fp8_preferred), else the Triton kernel's."""
+def default_fp8_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: int = 0) -> Fp8Config:
+    """The Gluon kernel where it exists and won (ws_fp8_preferred), else the Triton kernel's;
+    seqlen_q: the call's query length (its bucket; 0: unknown) picks the Gluon kernel's tile."""
     if device_kind != "cpu" and ws_fp8_preferred(spec):
-        return ws_fp8_default(spec)
+        return ws_fp8_default(spec, seqlen_q)
     return triton_fp8_config(spec, device_kind)
 
 
@@ -291,6 +292,24 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, 
     return out
 
 
+def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch | None:
+    """A caller's e4m3 V (B, H, S, D) into V^T (B, H, D, S_pad) (keys contiguous, zero padding; in
+    the Gluon kernel's key order when perm16) by the module's copy kernel `_fp8_copy_v`, or None
+    for a module without it (transpose_v copies then)."""
+    if not has_entry(mod, "_fp8_copy_v"):
+        return None
+    rows = vt.shape[3]
+    blocks = -(-rows // SCALE_BLOCK)
+    values = {"X": v, "X8": vt, "cu_seqlens": None,
+              **dict(zip(("stride_xz", "stride_xh", "stride_xm", "stride_xk"), v.stride())),
+              **dict(zip(("stride_yz", "stride_yh", "stride_ym", "stride_yk"),
+                         (vt.stride(0), vt.stride(1), 1, vt.stride(2)))),
+              "num_heads": v.shape[1], "seqlen": v.shape[2], "store_len": rows, "num_blocks": blocks,
+              "BLOCK": SCALE_BLOCK, "PERM16": perm16}
+    grid = programs(blocks, v.shape[0] * v.shape[1], "v") if rows and v.shape[0] * v.shape[1] else 0
+    return Launch.of(mod, "_fp8_copy_v", grid, values, 4, 1)
+
+
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
                  cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
                  gluon: bool | None = None) -> list[Launch]:
@@ -381,7 +400,7 @@ def alloc(shapes: dict, device) -> dict:
 
 FAMILY = Family(
     "fwd_fp8", "attn_fwd_fp8.py.jinja", Fp8Config, check_fp8,
-    lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind),
+    lambda spec, kind, seqlen_q=0, window=None: default_fp8_config(spec, kind, seqlen_q),
     ("_attn_fwd_fp8", "_attn_fwd_fp8_ws"),
     "attngen.families.fwd_fp8:fp8_launches", 1.0, ("out", "lse"), space=SPACE,
     portable=lambda cfg, spec: portable_fp8(cfg, spec), variants=variants,
@@ -403,12 +422,19 @@ def ws_fp8(spec: KernelSpec) -> bool:
 
 
 # the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
-# 3-deep ring (hd256: 64-key blocks). H200, B1 H16 S16384 non-causal, attention kernel alone,
-# TFLOP/s: hd128 670 (2 stages 665, 64-key blocks 537, one consumer 649; the Triton kernel's
-# default 501), causal 660 (2 stages 676; Triton 503); hd256 858 (2 stages 834; Triton 367); hd64
-# 371-376 vs the Triton kernel's 394, so hd64 keeps the Triton kernel by default
-WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 3, consumers=2)
+# 2-deep ring (hd256: 64-key blocks, 3 deep); up to WS_FP8_SHORT query rows (causal: up to
+# WS_FP8_SHORT_CAUSAL) one consumer warp group of 64 rows a program, two programs an SM. H200,
+# B1 H16, attention kernel alone, TFLOP/s, as shipped / 3-deep ring / one consumer
+# (benchmarks/ab/h200_ab_fp8_configs_2026-12-04.json): hd128 S16k 807 / 806 / 799, causal
+# 797 / 790 / 775; S8k 810 / 800 / 794; S4k 796 (one consumer) / 761 / 767 (two, 2-deep); causal
+# S8k 733 / 701 / 711, S4k 594 / 540 / 550, S2k 391 / 348 / 353. The first Gluon kernel's sweep: 64-key blocks
+# at hd128 537 vs 670; hd256 858 (2 stages 834; Triton 367); hd64 371-376 vs the Triton kernel's
+# 394, so hd64 keeps the Triton kernel by default
+WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 2, consumers=2)
 WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 3, consumers=2)
+WS_FP8_ONE = Fp8Config(64, 128, 4, 2, consumers=1)
+WS_FP8_SHORT = 4096  # query rows up to which hd128 takes WS_FP8_ONE (no mask)
+WS_FP8_SHORT_CAUSAL = 8192  # the same under a causal mask
 
 
 def ws_fp8_preferred(spec: KernelSpec) -> bool:
@@ -417,9 +443,15 @@ def ws_fp8_preferred(spec: KernelSpec) -> bool:
     return ws_fp8(spec) and max(qk_width(spec), spec.head_dim_v) > 64
 
 
-def ws_fp8_default(spec: KernelSpec) -> Fp8Config:
-    """The Gluon kernel's config for `spec` (a ws_fp8 spec)."""
-    return WS_FP8_DEFAULT if max(qk_width(spec), spec.head_dim_v) <= 128 else WS_FP8_DEFAULT_WIDE
+def ws_fp8_default(spec: KernelSpec, seqlen_q: int = 0) -> Fp8Config:
+    """The Gluon kernel's config for `spec` (a ws_fp8 spec) at `seqlen_q` query rows (0: unknown):
+    up to hd128, one consumer a program on short calls (no mask or causal; other masks were not
+    measured), where two programs an SM overlap one's prologue and epilogue with the other's loop
+    and the smaller tiles balance the SMs."""
+    if max(qk_width(spec), spec.head_dim_v) > 128:
+        return WS_FP8_DEFAULT_WIDE
+    short = {"none": WS_FP8_SHORT, "causal": WS_FP8_SHORT_CAUSAL}.get(spec.mask, 0)
+    return WS_FP8_ONE if 0 < seqlen_q <= short else WS_FP8_DEFAULT
 
 
 def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:

@@ -64,18 +64,24 @@ class Fp8Plan(Plan):
         self.bufs_layout_lse = (f8.alloc_layout({**self.bufs_shapes, "Lse": (self.lse_shape, "fp32")})
                                 if self.bufs_layout[1] else None)
         out, lse = self.empty()
-        self.perm16 = False
+        self.perm16 = self.copy_v = False
         bufs = self.buffers(qv, kv, vv, descales)
         attn = f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
                                bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
                                self.config, cu_q, cu_k, max_q)
         self.perm16 = f8.key_order16(self.module, attn)  # V^T in the order the attention kernel reads
-        launches = [] if quantized else f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.rot,
-                                                          cu_q, cu_k, max_q, max_k, self.perm16)
+        # e4m3 inputs: dense V goes into V^T by the module's copy kernel (None: transpose_v)
+        copy = f8.copy_v_launch(self.module, vv, bufs["Vt"], self.perm16) if quantized and not packed else None
+        self.copy_v = copy is not None
+        if quantized:
+            launches = [copy] if copy else []
+        else:
+            launches = f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
+                                         max_k, self.perm16)
         self.compile(launches + attn)
         # the launches take their tensors from one dict a call, by the attention kernel's names;
         # the prologue's (X, X8, Scale, cu_seqlens of q, k and v) are renamed into it
-        for launch, n in zip(self.launches[:-1], "qkv"):
+        for launch, n in zip(self.launches[:-1], "v" if quantized else "qkv"):
             launch.rename({"X": n, "X8": "Vt" if n == "v" else n.upper(), "Scale": n.upper() + "Scale",
                            "cu_seqlens": "cu_seqlens_q" if n == "q" else "cu_seqlens_k"})
 
@@ -92,7 +98,8 @@ class Fp8Plan(Plan):
         as (B or docs, heads, blocks) views."""
         bufs = f8.carve(self.bufs_layout, self.device)
         if self.quantized:
-            self.transpose_v(vv, bufs["Vt"])
+            if not self.copy_v:
+                self.transpose_v(vv, bufs["Vt"])
             bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
         return bufs
 
@@ -117,7 +124,10 @@ class Fp8Plan(Plan):
             t = f8.carve(self.bufs_layout_lse, self.device)
             lse = t["Lse"]
         if self.quantized:
-            self.transpose_v(v if self.packed else validate.dense_views(q, k, v, self.opts.layout)[2], t["Vt"])
+            if self.copy_v:  # the copy kernel reads the caller's V (its strides are the plan's)
+                t["v"] = v
+            else:
+                self.transpose_v(v if self.packed else validate.dense_views(q, k, v, self.opts.layout)[2], t["Vt"])
             t["Q"], t["K"] = q, k
             t["QScale"], t["KScale"], t["VScale"] = descales
             # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the

@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--templates", default=None, help="another templates folder, timed beside the build's")
     ap.add_argument("--config", action="append", default=[], help="M,N,W,S[,field=value...]: an Fp8Config")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--timed", action="append", default=[], help="B,H,S,D,mask: a timed case (default: TIMED)")
+    ap.add_argument("--no-grid", action="store_true", help="skip the correctness grid")
     args = ap.parse_args()
     variants = [{}] + ([{"templates": args.templates}] if args.templates else [])
     for sw in args.switch:
@@ -98,7 +100,8 @@ def main():
                        "triton": triton.__version__, "switches": args.switch, "configs": args.config,
                        "rows": rows}, fh, indent=1)
 
-    for B, hq, hkv, S, D, mask, window in GRID:
+    timed = [(*map(int, t.split(",")[:4]), t.split(",")[4]) for t in args.timed] or TIMED
+    for B, hq, hkv, S, D, mask, window in ([] if args.no_grid else GRID):
         for sw in variants:
             for cfg in configs:
                 rec = {"switch": sw, "config": str(cfg or "default"),
@@ -122,7 +125,7 @@ def main():
                     rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 record(rec)
     for rnd in range(args.rounds):
-        for B, H, S, D, mask in TIMED:
+        for B, H, S, D, mask in timed:
             for sw in variants:
                 for cfg in configs:
                     rec = {"switch": sw, "config": str(cfg or "default"), "round": rnd,

@@ -99,6 +99,16 @@ def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
     margs = MaskArgs(1 / math.sqrt(D), 0.0, wl, wr, False)
     cfg = F.default_fp8_config(spec)
     assert cfg == F.WS_FP8_DEFAULT and cfg.consumers == 2
+    # short calls: one consumer a program (causal up to 8192 query rows, no mask up to 4096)
+    assert F.default_fp8_config(spec, "cuda", 8192) == F.WS_FP8_ONE
+    assert F.default_fp8_config(spec, "cuda", 16384) == F.WS_FP8_DEFAULT
+    full = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 2, "none")
+    assert [F.default_fp8_config(full, "cuda", s) for s in (4096, 8192)] == [F.WS_FP8_ONE, F.WS_FP8_DEFAULT]
+    window = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 2, "sliding_window")
+    assert F.default_fp8_config(window, "cuda", 1024) == F.WS_FP8_DEFAULT  # not measured: unchanged
+    wide = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 256, 256, 1, "causal")
+    assert F.default_fp8_config(wide, "cuda", 1024) == F.WS_FP8_DEFAULT_WIDE
+    assert all(F.check_fp8(x, F.default_fp8_config(x, "cuda", 2048)) is None for x in (spec, full, window, wide))
 
     def launch(out, gluon):
         lse = torch.empty(B, 2 * hkv, S)

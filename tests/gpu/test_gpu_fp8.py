@@ -111,6 +111,10 @@ def test_gpu_attention_fp8_descales_compile_and_graph():
     o64, _ = attention_ref(*deq, causal=True)
     oe, _ = f8t.emulate(*(x.float() for x in deq), rotate=False, causal=True)
     assert_flash_rule("attention_fp8", out, o64, oe.to(torch.bfloat16), 2.0, 1e-3)
+    # (B, S, H, D) views: V reaches the copy kernel with other strides, the same bytes come out
+    bshd = [x.transpose(1, 2).contiguous() for x in (q8, k8, v8)]
+    out2 = attngen.attention_fp8(*bshd, *per_kv, causal=True, layout="bshd")
+    torch.testing.assert_close(out2.transpose(1, 2), out, atol=0, rtol=0)
 
     def fn(q, k, v):
         return attngen.attention(q, k, v, causal=True, precision="fp8")

@@ -131,8 +131,9 @@ TIMED = [
 TIMINGS = [
     (4096, 128, False, TIMED),
     (16384, 128, False, TIMED),
-    (16384, 128, True, [F.WS_FP8_DEFAULT, F.Fp8Config(128, 128, 4, 2, consumers=2)]),
-    (16384, 64, False, [F.WS_FP8_DEFAULT, F.Fp8Config(128, 128, 4, 2, consumers=2)]),
+    (16384, 128, True, [F.WS_FP8_DEFAULT, F.Fp8Config(128, 128, 4, 3, consumers=2)]),
+    (4096, 128, True, [F.WS_FP8_DEFAULT, F.WS_FP8_ONE]),
+    (16384, 64, False, [F.WS_FP8_DEFAULT, F.Fp8Config(128, 128, 4, 3, consumers=2)]),
     (16384, 256, False, [F.WS_FP8_DEFAULT_WIDE, F.Fp8Config(128, 64, 4, 3, consumers=2)]),
 ]
 

@@ -148,6 +148,11 @@ def test_prologue_writes_the_warp_specialized_kernels_key_order(sk):
         vt = torch.full_like(natural, 0x7F).view(torch.float8_e4m3fn)  # poisoned (e4m3 NaN)
         f8.transpose_v(v8, vt, order)
         assert torch.equal(vt.view(torch.uint8), expect), order
+        # the module's copy kernel (attention_fp8's dense V), from a bshd view as well
+        for src in (v8, v8.transpose(1, 2).contiguous().transpose(1, 2)):
+            vt = torch.full_like(natural, 0x7F).view(torch.float8_e4m3fn)
+            f8.copy_v_launch(mod, src, vt, order).run()
+            assert torch.equal(vt.view(torch.uint8), expect), (order, src.stride())
 
 
 # ------------------------------------------------------------------------------------------------
