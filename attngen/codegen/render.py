@@ -115,7 +115,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     """Everything the templates read. options: codegen choices for A/B runs
     (benchmarks/tools/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
     "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off", "tile_order": "grouped" |
-    "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off"}; the build
+    "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ...}; the build
     always uses
     the defaults."""
     options = options or {}
@@ -167,6 +167,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # the fp8 Gluon kernel's P to P.V's operand: through the key reorder (the prologue's PERM16)
         # or a layout conversion (A/B; the caller then runs the prologue without PERM16)
         "fp8_perm": options.get("fp8_perm", "on") == "on",
+        **({"rot_tile": int(options["fp8_rot_tile"])} if "fp8_rot_tile" in options else {}),
     }
 
 

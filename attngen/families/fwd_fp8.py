@@ -70,11 +70,24 @@ def _tile(width: int, used: int) -> dict:
     return {"sfx": "", "off": 0, "width": width, "used": used}
 
 
-def context(spec: KernelSpec) -> dict:
+ROT_TILE = 64  # the prologue's rotation: column tiles of a wider Hadamard block (0: one dot a block)
+
+
+def rotation_sums(r: int) -> list[list[tuple[int, int]]]:
+    """For the r tiles of a Hadamard block H_r (x) H_t, output tile j' as (sign, j) terms of the
+    tiles' products u_j with their diagonal blocks of diag(s) H (which carry H_r[j, j]):
+    sign = H_r[j, j'] H_r[j, j] = (-1)^(popcount(j & j') + popcount(j))."""
+    return [[(-1 if (bin(j & jo).count("1") + bin(j).count("1")) % 2 else 1, j) for j in range(r)]
+            for jo in range(r)]
+
+
+def context(spec: KernelSpec, rot_tile: int = ROT_TILE) -> dict:
     """What templates/attn_fwd_fp8.py.jinja reads beyond the common context."""
     w = qk_width(spec)
     blocks = rotation_blocks(w)
     return {
+        "rot_tile": rot_tile,
+        "rot_sums": {r: rotation_sums(r) for r in (1, 2, 4, 8, 16)},
         "qk_width": w,
         "rot_blocks": blocks,
         "quant_qk_blocks": [(off, bw, spec.head_dim_qk) for off, bw in blocks],

@@ -84,7 +84,8 @@ def test_rotation_is_orthogonal_and_keeps_scores(d):
 
 
 @pytest.mark.parametrize("d, dv, sq, sk, rotate", [(128, 128, 203, 113, True), (80, 48, 113, 300, True),
-                                                   (24, 8, 129, 1, True), (80, 48, 113, 300, False)])
+                                                   (24, 8, 129, 1, True), (80, 48, 113, 300, False),
+                                                   (256, 32, 70, 131, True)])
 def test_prologue_matches_pytorch_quantization(d, dv, sq, sk, rotate):
     """Q and K rotated (or, rotate=False, left as they are) and quantized per block, V quantized
     and transposed: PyTorch's values, within e4m3's rounding."""
