@@ -25,7 +25,7 @@ from attngen.kernels.launch import (Launch, call_extent, has_entry, lse_strides,
                                     tma_descriptors)
 from attngen.spec import KernelSpec
 
-PROLOGUE = ("_fp8_quant_qk", "_fp8_quant_v")  # quant_launches' entry points (the Family lists fp8_launches')
+PROLOGUE = ("_fp8_quant_qkv", "_fp8_quant_qk", "_fp8_quant_v")  # prologue_launch's, quant_launches' entry points
 SCALE_BLOCK = 128  # rows per quantization block (Q, K and V): a tile's BLOCK_M / BLOCK_N divide it
 ROTATION_SEED = 0  # the default seed of the random signs
 E4M3_MAX = 448.0
@@ -303,6 +303,32 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, 
         warps = quant_warps(x.shape[-1] if name == "v" else qk_width(spec))
         out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, warps, 1))
     return out
+
+
+_FUSED_NAMES = {"X": "{t}", "X8": "{y}", "Scale": "{t8}Scale", "cu_seqlens": "cu_seqlens_{c}",
+                "stride_xz": "stride_{t}z", "stride_xh": "stride_{t}h", "stride_xm": "stride_{t}m",
+                "stride_xk": "stride_{t}k", "stride_yz": "stride_{t}8z", "stride_yh": "stride_{t}8h",
+                "stride_ym": "stride_{t}8m", "stride_yk": "stride_{t}8k", "stride_sz": "stride_{t}sz",
+                "stride_sh": "stride_{t}sh", "num_heads": "heads_{t}", "seqlen": "seqlen_{t}",
+                "store_len": "store_{t}", "num_blocks": "blocks_{t}"}
+
+
+def prologue_launch(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
+                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
+    """The prologue in one launch (`_fp8_quant_qkv`: quant_launches' three kernels as one grid,
+    Q's programs first, then K's, then V's), its tensors under the attention plan's names (q, k,
+    v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k); quant_launches for a
+    module without it."""
+    parts = quant_launches(mod, spec, q, k, v, bufs, rot, cu_q, cu_k, max_q, max_k, perm16)
+    if not has_entry(mod, "_fp8_quant_qkv"):
+        return parts
+    values = {"Rot": rot, "progs_q": parts[0].grid, "progs_k": parts[1].grid, "BLOCK": SCALE_BLOCK,
+              "ROTATE": rot is not None, "PERM16": perm16}
+    for la, t, y, c in zip(parts, "qkv", ("Q8", "K8", "Vt"), "qkk"):
+        names = {n: f.format(t=t, y=y, t8=t.upper(), c=c) for n, f in _FUSED_NAMES.items()}
+        values.update({names[n]: val for n, val in la.values.items() if n in names})
+    grid = sum(la.grid for la in parts)
+    return [Launch.of(mod, "_fp8_quant_qkv", grid, values, max(la.num_warps for la in parts), 1)]
 
 
 def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch | None:

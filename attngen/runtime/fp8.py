@@ -75,15 +75,16 @@ class Fp8Plan(Plan):
         self.copy_v = copy is not None
         if quantized:
             launches = [copy] if copy else []
-        else:
-            launches = f8.quant_launches(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
-                                         max_k, self.perm16)
+        else:  # the prologue: one launch (a module without _fp8_quant_qkv: one a tensor)
+            launches = f8.prologue_launch(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
+                                          max_k, self.perm16)
         self.compile(launches + attn)
         # the launches take their tensors from one dict a call, by the attention kernel's names;
-        # the prologue's (X, X8, Scale, cu_seqlens of q, k and v) are renamed into it
-        for launch, n in zip(self.launches[:-1], "v" if quantized else "qkv"):
-            launch.rename({"X": n, "X8": "Vt" if n == "v" else n.upper(), "Scale": n.upper() + "Scale",
-                           "cu_seqlens": "cu_seqlens_q" if n == "q" else "cu_seqlens_k"})
+        # the separate prologue kernels' (X, X8, Scale, cu_seqlens of q, k and v) are renamed into it
+        if quantized or len(launches) > 1:
+            for launch, n in zip(self.launches[:-1], "v" if quantized else "qkv"):
+                launch.rename({"X": n, "X8": "Vt" if n == "v" else n.upper(), "Scale": n.upper() + "Scale",
+                               "cu_seqlens": "cu_seqlens_q" if n == "q" else "cu_seqlens_k"})
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device),

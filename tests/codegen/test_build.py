@@ -436,8 +436,11 @@ def test_fp8_entry_builds_the_fp8_forward(tmp_path):
     assert "ROT_BLOCKS = ((0, 64), (64, 16), )" in src and "QK_WIDTH = 80" in src
     # the rotation's code is in the Q / K prologue only
     fns = {n.name: ast.unparse(n) for n in ast.parse(src).body if isinstance(n, ast.FunctionDef)}
-    assert "ROTATE" in fns["_fp8_quant_qk"] and "tl.dot" in fns["_fp8_quant_qk"]
-    assert "Rot" not in fns["_fp8_quant_v"] and "tl.dot" not in fns["_fp8_quant_v"]
+    assert "ROTATE" in fns["_fp8_quant_qk_rows"] and "tl.dot" in fns["_fp8_quant_qk_rows"]
+    assert "Rot" not in fns["_fp8_quant_v_rows"] and "tl.dot" not in fns["_fp8_quant_v_rows"]
+    # each prologue kernel is its rows function, which the one-launch prologue calls too
+    assert "_fp8_quant_qk_rows(tl.program_id(0)" in fns["_fp8_quant_qk"]
+    assert all(f in fns["_fp8_quant_qkv"] for f in ("_fp8_quant_qk_rows(pid,", "_fp8_quant_v_rows(pid - progs_q - progs_k"))
     assert "float8e4nv" in fns["_attn_fwd_fp8_inner"]
     # a KernelSpec of another family cannot say fp8
     with pytest.raises(ValueError, match="go together"):

@@ -274,8 +274,7 @@ def test_attention_precision_fp8_is_the_family():
     assert torch.equal(bshd.transpose(1, 2), want)
     info = attngen.explain(q, k, v, causal=True, precision="fp8")
     assert info["kernel"] == spec.uri and info["precision"] == "fp8" and info["backward"] is None
-    assert [r["entry"] for r in info["launches"]] == ["_fp8_quant_qk", "_fp8_quant_qk", "_fp8_quant_v",
-                                                      "_attn_fwd_fp8"]
+    assert [r["entry"] for r in info["launches"]] == ["_fp8_quant_qkv", "_attn_fwd_fp8"]  # the prologue: one launch
     assert attngen.explain(q, k, v)["precision"] == "bf16"
 
 
@@ -445,8 +444,8 @@ def test_warm_fp8_call_skips_validation_and_allocates_twice(monkeypatch, layout)
 
 
 def test_fp8_launches_take_the_calls_tensors(monkeypatch):
-    """The prologue's parameters, renamed into the attention kernel's dict: each launch gets the
-    caller's tensor, the fp8 buffer and the descale it got before (one dict a call)."""
+    """The prologue (one launch) and the attention kernel take their tensors from one dict a call:
+    the caller's tensors, the fp8 buffers and descales the attention kernel reads."""
     from attngen.kernels.launch import CompiledLaunch
 
     q, k, v = random_inputs((1, 2, 40, 32), (1, 2, 40, 32), (1, 2, 40, 16), dtype=torch.bfloat16, seed=22)
@@ -455,12 +454,12 @@ def test_fp8_launches_take_the_calls_tensors(monkeypatch):
     monkeypatch.setattr(CompiledLaunch, "__call__",
                         lambda self, tensors, ok: seen.append(dict(zip(self.tensor_names, self.pick(tensors)))))
     out, lse = attngen.attention(q, k, v, precision="fp8", return_lse=True)
-    qs, ks, vs, attn = seen
-    for x, got, buf, scale in ((q, qs, "Q", "QScale"), (k, ks, "K", "KScale"), (v, vs, "Vt", "VScale")):
-        assert got["X"] is x and got["X8"] is attn[buf] and got["Scale"] is attn[scale]
-        assert got["cu_seqlens"] is None
+    pro, attn = seen
+    for x, name, buf, scale in ((q, "q", "Q", "QScale"), (k, "k", "K", "KScale"), (v, "v", "Vt", "VScale")):
+        assert pro[name] is x and pro[buf if name == "v" else buf + "8"] is attn[buf] and pro[scale] is attn[scale]
+    assert pro["cu_seqlens_q"] is None and pro["cu_seqlens_k"] is None
     assert attn["Out"] is out and attn["Lse"] is lse and attn["Q"].dtype == E4M3
-    assert qs["Rot"] is ks["Rot"] and qs["Rot"].dtype == torch.bfloat16  # the plan's rotation
+    assert pro["Rot"].dtype == torch.bfloat16  # the plan's rotation
 
 
 def test_none_descale_is_one_tensor_per_device():
