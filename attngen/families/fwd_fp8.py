@@ -346,7 +346,10 @@ def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch | None:
               "num_heads": v.shape[1], "seqlen": v.shape[2], "store_len": rows, "num_blocks": blocks,
               "BLOCK": SCALE_BLOCK, "PERM16": perm16}
     grid = programs(blocks, v.shape[0] * v.shape[1], "v") if rows and v.shape[0] * v.shape[1] else 0
-    return Launch.of(mod, "_fp8_copy_v", grid, values, 4, 1)
+    # 8 warps: B1 H16 S16384 on the H200, hd128 22.9 us (4 warps 36.6, 16 warps 25.4), hd256 40.0
+    # (4 warps 633: a 128 x 256 tile at 4 warps spills; 16 warps 42.2); PyTorch's strided copy
+    # (transpose_v) 208 / 389 (benchmarks/ab/h200_ab_fp8_copy_v_2026-12-04.json)
+    return Launch.of(mod, "_fp8_copy_v", grid, values, 8, 1)
 
 
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
