@@ -466,12 +466,12 @@ def ws_fp8(spec: KernelSpec) -> bool:
 # the Gluon kernel's configs: 128 query rows over two consumer warp groups, 128-key blocks in a
 # 2-deep ring (hd256: 64-key blocks, 3 deep); up to WS_FP8_SHORT query rows (causal: up to
 # WS_FP8_SHORT_CAUSAL) one consumer warp group of 64 rows a program, two programs an SM. H200,
-# B1 H16, attention kernel alone, TFLOP/s, as shipped / 3-deep ring / one consumer
-# (benchmarks/ab/h200_ab_fp8_configs_2026-12-04.json): hd128 S16k 807 / 806 / 799, causal
-# 797 / 790 / 775; S8k 810 / 800 / 794; S4k 796 (one consumer) / 761 / 767 (two, 2-deep); causal
-# S8k 733 / 701 / 711, S4k 594 / 540 / 550, S2k 391 / 348 / 353. The first Gluon kernel's sweep: 64-key blocks
-# at hd128 537 vs 670; hd256 858 (2 stages 834; Triton 367); hd64 371-376 vs the Triton kernel's
-# 394, so hd64 keeps the Triton kernel by default
+# B1 H16 hd128, attention kernel alone, TFLOP/s, two consumers with a 2-deep ring / with a 3-deep
+# one / one consumer (benchmarks/ab/h200_ab_fp8_configs_2026-12-04.json): S16k 807 / 806 / 799,
+# causal 797 / 790 / 775; S8k 810 / 800 / 794; S4k 771 / 762 / 796; causal S8k 712 / 701 / 733,
+# S4k 550 / 540 / 594, S2k 353 / 348 / 391. The first Gluon kernel's sweep: 64-key blocks at hd128
+# 537 vs 670; hd256 858 (2 stages 834; Triton 367); hd64 371-376 vs the Triton kernel's 394, so
+# hd64 keeps the Triton kernel by default
 WS_FP8_DEFAULT = Fp8Config(128, 128, 4, 2, consumers=2)
 WS_FP8_DEFAULT_WIDE = Fp8Config(128, 64, 4, 3, consumers=2)
 WS_FP8_ONE = Fp8Config(64, 128, 4, 2, consumers=1)
