@@ -10,6 +10,8 @@ interleaved, two rounds.
     python3 benchmarks/tools/fp8_ab.py --out ab.json --config 128,128,4,2,consumers=2 \
         --config 128,64,4,4,consumers=2
     python3 benchmarks/tools/fp8_ab.py --out ab.json --templates /tmp/t/templates   # vs a past commit's kernels
+    python3 benchmarks/tools/fp8_ab.py --out ab.json --no-grid --config 64,128,4,2,consumers=1 \
+        --timed 1,16,2048,128,causal --timed 1,16,4096,128,none         # other timed cases, no grid
 
 --switch name=v1,v2 renders each value of a codegen option (attngen.codegen.render.template_context
 options); --config adds an Fp8Config (M,N,W,S[,field=value...]) beside the Gluon default.
