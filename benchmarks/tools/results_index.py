@@ -38,6 +38,7 @@ DOCS = ["README.md", "docs/*.md", "benchmarks/README.md", "tuning_db/README.md",
 KINDS = [  # filename pattern -> what such a file shows
     ("h200_bench_*", "`attngen bench` run: TFLOP/s of attngen beside the peers, one JSON row per case and mode"),
     ("h200_ab_*", "A/B run of kernel or config variants (benchmarks/tools/*_ab.py)"),
+    ("h200_profile_fp8_*", "each fp8 bench row's kernels (GPU µs a call), host µs a call and bench µs, attngen fp8 beside cuDNN fp8 (benchmarks/tools/fp8_profile.py)"),
     ("h200_sweep*", "config sweep on the H200 (tiles, warps, stages): TFLOP/s per config"),
     ("h200_gpu_*", "GPU test suite run (tests/gpu): log or per-case summary"),
     ("gpu_correctness_grid*", "the GPU correctness grid (tests/gpu/test_gpu_grid.py): records or sanitizer summary"),
