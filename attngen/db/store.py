@@ -15,6 +15,7 @@ kernel x device class x bucket holds in any case).
 from __future__ import annotations
 
 import sqlite3
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -84,6 +85,22 @@ def _make_engine(url: str, mode: str, where: str) -> sqlalchemy.Engine:
     return engine
 
 
+def _wal(cur) -> None:
+    """Put the database in WAL mode (readers never block the writers). Several processes opening a
+    new file at once race to switch it, and SQLite answers the losers "database is locked" at once,
+    without waiting through its busy handler: they retry until BUSY_TIMEOUT_S has passed."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _sqlite_events(engine: sqlalchemy.Engine, mode: str) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record):
@@ -91,8 +108,8 @@ def _sqlite_events(engine: sqlalchemy.Engine, mode: str) -> None:
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_S * 1000}")
         cur.execute("PRAGMA foreign_keys = ON")
-        if mode != "read" and cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            cur.execute("PRAGMA journal_mode = WAL")  # readers never block the writers
+        if mode != "read":
+            _wal(cur)
         cur.close()
 
     @event.listens_for(engine, "begin")
