@@ -268,40 +268,49 @@ def quant_warps(width: int) -> int:
     return 8 if width <= 128 else 16
 
 
+def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int, extra: dict,
+                 warps: int) -> Launch:
+    """A launch of one of the prologue's row kernels (templates/attn_fwd_fp8.py.jinja's
+    quant_kernel: `entry`) from x (dense (B, H, S, D) or packed (T, H, D)) into tgt, V^T (keys
+    contiguous) for name "v"; `extra`: the kernel's own parameters (descales, rotation, constexprs)."""
+    packed = cu is not None
+    if packed:
+        zh, seqlen, store_len = (cu.numel() - 1) * x.shape[1], 0, 0
+        rows = max_s if x.shape[0] else 0
+        xs = (0, x.stride(1), x.stride(0), x.stride(2))
+        ys = ((0, tgt.stride(0), 1, tgt.stride(1)) if name == "v"
+              else (0, tgt.stride(1), tgt.stride(0), tgt.stride(2)))
+    else:
+        zh, seqlen = x.shape[0] * x.shape[1], x.shape[2]
+        rows = store_len = tgt.shape[3] if name == "v" else seqlen
+        xs = x.stride()
+        ys = ((tgt.stride(0), tgt.stride(1), 1, tgt.stride(2)) if name == "v" else tgt.stride())
+    blocks = -(-rows // SCALE_BLOCK)
+    values = {
+        "X": x, "X8": tgt, "cu_seqlens": cu,
+        "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
+        "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
+        "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
+        "BLOCK": SCALE_BLOCK, **extra,
+    }
+    return Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, warps, 1)
+
+
 def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
-    """The prologue: Q and K rotated (rot: rotation(qk_width, seed, q.dtype, device); None: no
-    rotation) and quantized, V quantized and transposed, into `bufs` (buffers()' names ->
-    tensors); perm16: V^T's keys in the Gluon kernel's order (key_order16 of the attention
-    launches)."""
-    packed = cu_q is not None
+    """The prologue as three launches (prologue_launch fuses them): Q and K rotated (rot:
+    rotation(qk_width, seed, q.dtype, device); None: no rotation) and quantized, V quantized and
+    transposed, into `bufs` (buffers()' names -> tensors); perm16: V^T's keys in the Gluon
+    kernel's order (key_order16 of the attention launches)."""
     out = []
     for x, name, cu, max_s in ((q, "q", cu_q, max_q), (k, "k", cu_k, max_k), (v, "v", cu_k, max_k)):
-        tgt = bufs["Vt" if name == "v" else name.upper() + "8"]
         scale = bufs[name.upper() + "Scale"]
-        if packed:
-            zh, seqlen, store_len = (cu.numel() - 1) * x.shape[1], 0, 0
-            rows = max_s if x.shape[0] else 0
-            xs = (0, x.stride(1), x.stride(0), x.stride(2))
-            ys = ((0, tgt.stride(0), 1, tgt.stride(1)) if name == "v"
-                  else (0, tgt.stride(1), tgt.stride(0), tgt.stride(2)))
-        else:
-            zh, seqlen = x.shape[0] * x.shape[1], x.shape[2]
-            rows = store_len = tgt.shape[3] if name == "v" else seqlen
-            xs = x.stride()
-            ys = ((tgt.stride(0), tgt.stride(1), 1, tgt.stride(2)) if name == "v" else tgt.stride())
-        blocks = -(-rows // SCALE_BLOCK)
-        values = {
-            "X": x, "X8": tgt, "Scale": scale, "Rot": rot, "cu_seqlens": cu,
-            "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
-            "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
-            "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
-            "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
-            "BLOCK": SCALE_BLOCK, **({"PERM16": perm16} if name == "v" else {"ROTATE": rot is not None}),
-        }
+        extra = {"Scale": scale, "stride_sz": scale.stride(0), "stride_sh": scale.stride(1),
+                 **({"PERM16": perm16} if name == "v" else {"Rot": rot, "ROTATE": rot is not None})}
+        tgt = bufs["Vt" if name == "v" else name.upper() + "8"]
         entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
         warps = quant_warps(x.shape[-1] if name == "v" else qk_width(spec))
-        out.append(Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, warps, 1))
+        out.append(_rows_launch(mod, entry, x, tgt, name, cu, max_s, extra, warps))
     return out
 
 
@@ -314,42 +323,27 @@ _FUSED_NAMES = {"X": "{t}", "X8": "{y}", "Scale": "{t8}Scale", "cu_seqlens": "cu
 
 
 def prologue_launch(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
-                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
+                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> Launch:
     """The prologue in one launch (`_fp8_quant_qkv`: quant_launches' three kernels as one grid,
     Q's programs first, then K's, then V's), its tensors under the attention plan's names (q, k,
-    v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k); quant_launches for a
-    module without it."""
+    v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k)."""
     parts = quant_launches(mod, spec, q, k, v, bufs, rot, cu_q, cu_k, max_q, max_k, perm16)
-    if not has_entry(mod, "_fp8_quant_qkv"):
-        return parts
     values = {"Rot": rot, "progs_q": parts[0].grid, "progs_k": parts[1].grid, "BLOCK": SCALE_BLOCK,
               "ROTATE": rot is not None, "PERM16": perm16}
     for la, t, y, c in zip(parts, "qkv", ("Q8", "K8", "Vt"), "qkk"):
         names = {n: f.format(t=t, y=y, t8=t.upper(), c=c) for n, f in _FUSED_NAMES.items()}
         values.update({names[n]: val for n, val in la.values.items() if n in names})
-    grid = sum(la.grid for la in parts)
-    return [Launch.of(mod, "_fp8_quant_qkv", grid, values, max(la.num_warps for la in parts), 1)]
+    return Launch.of(mod, "_fp8_quant_qkv", sum(la.grid for la in parts), values,
+                     max(la.num_warps for la in parts), 1)
 
 
-def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch | None:
+def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch:
     """A caller's e4m3 V (B, H, S, D) into V^T (B, H, D, S_pad) (keys contiguous, zero padding; in
-    the Gluon kernel's key order when perm16) by the module's copy kernel `_fp8_copy_v`, or None
-    for a module without it (transpose_v copies then)."""
-    if not has_entry(mod, "_fp8_copy_v"):
-        return None
-    rows = vt.shape[3]
-    blocks = -(-rows // SCALE_BLOCK)
-    values = {"X": v, "X8": vt, "cu_seqlens": None,
-              **dict(zip(("stride_xz", "stride_xh", "stride_xm", "stride_xk"), v.stride())),
-              **dict(zip(("stride_yz", "stride_yh", "stride_ym", "stride_yk"),
-                         (vt.stride(0), vt.stride(1), 1, vt.stride(2)))),
-              "num_heads": v.shape[1], "seqlen": v.shape[2], "store_len": rows, "num_blocks": blocks,
-              "BLOCK": SCALE_BLOCK, "PERM16": perm16}
-    grid = programs(blocks, v.shape[0] * v.shape[1], "v") if rows and v.shape[0] * v.shape[1] else 0
+    the Gluon kernel's key order when perm16) by the module's copy kernel `_fp8_copy_v`."""
     # 8 warps: B1 H16 S16384 on the H200, hd128 22.9 us (4 warps 36.6, 16 warps 25.4), hd256 40.0
     # (4 warps 633: a 128 x 256 tile at 4 warps spills; 16 warps 42.2); PyTorch's strided copy
     # (transpose_v) 208 / 389 (benchmarks/ab/h200_ab_fp8_copy_v_2026-12-04.json)
-    return Launch.of(mod, "_fp8_copy_v", grid, values, 8, 1)
+    return _rows_launch(mod, "_fp8_copy_v", v, vt, "v", None, 0, {"PERM16": perm16}, 8)
 
 
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,

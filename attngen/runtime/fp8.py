@@ -64,27 +64,24 @@ class Fp8Plan(Plan):
         self.bufs_layout_lse = (f8.alloc_layout({**self.bufs_shapes, "Lse": (self.lse_shape, "fp32")})
                                 if self.bufs_layout[1] else None)
         out, lse = self.empty()
-        self.perm16 = self.copy_v = False
+        self.perm16 = False
+        self.copy_v = quantized and not packed  # V^T by the module's copy kernel, in run()
         bufs = self.buffers(qv, kv, vv, descales)
         attn = f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
                                bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
                                self.config, cu_q, cu_k, max_q)
         self.perm16 = f8.key_order16(self.module, attn)  # V^T in the order the attention kernel reads
-        # e4m3 inputs: dense V goes into V^T by the module's copy kernel (None: transpose_v)
-        copy = f8.copy_v_launch(self.module, vv, bufs["Vt"], self.perm16) if quantized and not packed else None
-        self.copy_v = copy is not None
-        if quantized:
-            launches = [copy] if copy else []
-        else:  # the prologue: one launch (a module without _fp8_quant_qkv: one a tensor)
-            launches = f8.prologue_launch(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
-                                          max_k, self.perm16)
+        # the launches take their tensors from one dict a call, by the attention kernel's names:
+        # bf16 / fp16 inputs, the prologue (one launch); e4m3 dense inputs, V into V^T by the
+        # module's copy kernel (its X / X8 renamed into the dict; packed: transpose_v)
+        if not quantized:
+            launches = [f8.prologue_launch(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
+                                           max_k, self.perm16)]
+        else:
+            launches = [f8.copy_v_launch(self.module, vv, bufs["Vt"], self.perm16)] if self.copy_v else []
         self.compile(launches + attn)
-        # the launches take their tensors from one dict a call, by the attention kernel's names;
-        # the separate prologue kernels' (X, X8, Scale, cu_seqlens of q, k and v) are renamed into it
-        if quantized or len(launches) > 1:
-            for launch, n in zip(self.launches[:-1], "v" if quantized else "qkv"):
-                launch.rename({"X": n, "X8": "Vt" if n == "v" else n.upper(), "Scale": n.upper() + "Scale",
-                               "cu_seqlens": "cu_seqlens_q" if n == "q" else "cu_seqlens_k"})
+        if self.copy_v:
+            self.launches[0].rename({"X": "v", "X8": "Vt", "cu_seqlens": "cu_seqlens_k"})
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device),
@@ -94,23 +91,20 @@ class Fp8Plan(Plan):
         return out.transpose(1, 2) if self.opts.layout == "bshd" else out
 
     def buffers(self, qv, kv, vv, descales) -> dict:
-        """The plan-building call's fp8 tensors and descales (buffers()' names): the prologue's
-        outputs, or (quantized) the caller's Q8 / K8, V transposed into a buffer, and the descales
-        as (B or docs, heads, blocks) views."""
+        """The plan-building call's fp8 tensors and descales (buffers()' names), for the launches'
+        shapes and strides: the prologue's outputs, or (quantized) the caller's Q8 / K8, the V^T
+        buffer (filled by run()) and the descales as (B or docs, heads, blocks) views."""
         bufs = f8.carve(self.bufs_layout, self.device)
         if self.quantized:
-            if not self.copy_v:
-                self.transpose_v(vv, bufs["Vt"])
             bufs.update(Q8=qv, K8=kv, QScale=descales[0], KScale=descales[1], VScale=descales[2])
         return bufs
 
-    def transpose_v(self, vv, vt) -> None:
-        """A caller's e4m3 V into V^T (keys contiguous, zero padding)."""
-        if self.packed:  # (T, H, D) -> (H, D, T_pad)
-            vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
-            vt[..., vv.shape[0]:].view(torch.uint8).zero_()
-        else:  # (B, H, S, D) -> (B, H, D, S_pad), in the Gluon kernel's key order when it runs
-            f8.transpose_v(vv, vt, self.perm16)
+    @staticmethod
+    def transpose_v(vv, vt) -> None:
+        """A caller's packed e4m3 V (T, H, D) into V^T (H, D, T_pad) (keys contiguous, zero
+        padding; dense V goes through the copy kernel)."""
+        vt[..., :vv.shape[0]].copy_(vv.permute(1, 2, 0))
+        vt[..., vv.shape[0]:].view(torch.uint8).zero_()
 
     def run(self, q, k, v, cu_q=None, cu_k=None, descales=None, want_lse: bool = True):
         """(out, lse) of one call. The launches take only base addresses from the tensors (their
@@ -128,7 +122,7 @@ class Fp8Plan(Plan):
             if self.copy_v:  # the copy kernel reads the caller's V (its strides are the plan's)
                 t["v"] = v
             else:
-                self.transpose_v(v if self.packed else validate.dense_views(q, k, v, self.opts.layout)[2], t["Vt"])
+                self.transpose_v(v, t["Vt"])
             t["Q"], t["K"] = q, k
             t["QScale"], t["KScale"], t["VScale"] = descales
             # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the
