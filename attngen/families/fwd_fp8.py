@@ -429,6 +429,12 @@ def carve(layout: tuple, device) -> dict:
             for name, kind, shape, strides, off in views}
 
 
+def addresses(layout: tuple, base: int) -> dict:
+    """carve()'s buffers as device addresses inside an allocation of layout[0] bytes at `base`
+    (what a raw launch takes in place of the views)."""
+    return {name: base + off * ELEMENT_BYTES[kind] for name, kind, _, _, off in layout[2]}
+
+
 def alloc(shapes: dict, device) -> dict:
     """buffers()' shapes -> empty tensors (e4m3 or fp32) on `device`, one allocation."""
     return carve(alloc_layout(shapes), device)

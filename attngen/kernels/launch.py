@@ -329,15 +329,22 @@ def needs_int64(*tensors) -> bool:
 
 
 class CompiledLaunch:
-    """One kernel launch with its scalars bound; tensors arrive per call."""
+    """One kernel launch with its scalars bound; tensors arrive per call (a dict by parameter
+    name; TMA descriptors are made here, around the tensors their specs name).
+
+    The first call goes through Triton's JIT, which compiles the kernel; later calls on a GPU
+    replay it. With Triton 3.6's launcher (RawLauncher) a replay calls the compiled C launcher
+    directly: pointers may be given as tensors or as integer addresses, and each descriptor's
+    CUtensorMap is encoded once per base address (everything else in it is the plan's)."""
 
     __slots__ = ("fn", "grid", "tensor_names", "pick", "tail", "options", "kernel", "device_index",
-                 "direct", "scratch")
+                 "direct", "scratch", "descs", "raw", "names")
 
     def __init__(self, launch: Launch, device: torch.device, interpret: bool):
         names = launch.param_names
         self.fn, self.grid = launch.fn, launch.grid
         self.tensor_names = tuple(names[:launch.num_tensors])
+        self.names = self.tensor_names  # where each parameter's tensor is found in a call's dict
         self.pick = operator.itemgetter(*self.tensor_names)
         # the scalars and constexprs after the leading tensors (descriptors come per call)
         self.tail = tuple(launch.values[n] for n in names[launch.num_tensors:])
@@ -346,15 +353,26 @@ class CompiledLaunch:
         self.device_index = device.index if device.type == "cuda" else None
         self.direct = not interpret and device.type == "cuda"
         self.scratch = launch.scratch
+        self.descs = Descriptors(launch.descriptors) if launch.descriptors else None
+        self.raw = None
 
     def rename(self, names: dict) -> None:
         """Take this launch's tensors from a call's dict under other names (parameter -> name),
         so that several launches share one dict."""
-        self.pick = operator.itemgetter(*(names.get(n, n) for n in self.tensor_names))
+        self.names = tuple(names.get(n, n) for n in self.tensor_names)
+        self.pick = operator.itemgetter(*self.names)
+        if self.descs is not None:
+            self.descs = Descriptors({d: (names.get(src, src), *rest) for d, (src, *rest) in self.descs.specs.items()})
 
     def __call__(self, tensors: dict, aligned: bool) -> None:
         if self.grid == 0:
             return
+        raw = self.raw
+        if raw is not None and aligned and _hooks_off():
+            raw(tensors, _stream(self.device_index))
+            return
+        if self.descs is not None:
+            tensors = {**tensors, **self.descs(tensors)}
         args = self.pick(tensors)
         if self.scratch:
             ensure_allocator()
@@ -366,6 +384,126 @@ class CompiledLaunch:
         kernel = self.fn[(self.grid,)](*args, *self.tail, **self.options)
         if self.direct and aligned and kernel is not None:
             self.kernel = kernel.result() if hasattr(kernel, "result") else kernel
+            self.raw = RawLauncher.of(self)
+
+    @property
+    def ready(self) -> bool:
+        """Whether calls replay through the raw launcher (and may pass integer addresses)."""
+        return self.grid == 0 or self.raw is not None
+
+
+class _Address:
+    """A device address standing in for a descriptor's base tensor when one is encoded."""
+
+    __slots__ = ("ptr", )
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+class RawLauncher:
+    """A compiled kernel's launch through Triton 3.6's C launcher (the `launcher` its
+    CudaLauncher wraps), without the Python layers around it: the per-call scratch allocation
+    (none for these kernels), the argument loop, and the encoding of each TMA descriptor's
+    CUtensorMap, which here is done once per (descriptor, base address) and kept (a map holds the
+    base address and the plan's shape, strides and box; nothing of a call's tensor besides the
+    address). of() returns None where the launcher is built otherwise (another Triton, a kernel
+    that needs global scratch memory): those launches keep kernel.run."""
+
+    MAX_MAPS = 16  # encoded maps kept per descriptor (a call's buffers recycle a few addresses)
+    __slots__ = ("launcher", "head", "slots", "tail")
+
+    @classmethod
+    def of(cls, cl: "CompiledLaunch"):
+        kernel = cl.kernel
+        run = getattr(kernel, "run", None)
+        wrapped = getattr(run, "launch", None)
+        if (wrapped is None or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+                or not hasattr(kernel, "packed_metadata") or not hasattr(kernel, "function")):
+            return None
+        cells = dict(zip(getattr(getattr(wrapped, "__code__", None), "co_freevars", ()),
+                         (c.cell_contents for c in getattr(wrapped, "__closure__", None) or ())))
+        if cl.descs is None:
+            if cells:  # wrap_handle_tensordesc returns the C launcher itself when no arg is a descriptor
+                return None
+            launcher, meta = wrapped, []
+        else:
+            if set(cells) != {"launcher", "tensordesc_indices", "tensordesc_meta"}:
+                return None
+            launcher, meta = cells["launcher"], cells["tensordesc_meta"]
+            if not meta or any(m is None for m in meta):  # descriptors passed as shape and strides
+                return None
+        try:
+            from triton.backends.nvidia.driver import make_tensordesc_arg
+        except ImportError:
+            return None
+        self = object.__new__(cls)
+        self.launcher = launcher
+        self.head = (cl.grid, 1, 1, None, kernel.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
+                     kernel.packed_metadata, None, None, None)
+        specs = cl.descs.specs if cl.descs is not None else {}
+        # the fields and dtypes the first call's descriptors were validated with (Descriptors.fast)
+        fast = {n: (fields, dtype) for n, _, _, fields, dtype in (cl.descs.fast or ())} if specs else {}
+        slots, j = [], 0
+        for param, name in zip(cl.tensor_names, cl.names):
+            if param in specs:
+                if param not in fast:
+                    return None
+                fields, dtype = fast[param]
+                slots.append((specs[param][0], {}, functools.partial(
+                    _encode, make_tensordesc_arg, meta[j], fields["shape"], fields["strides"],
+                    fields["padding"], dtype, param)))
+                j += 1
+            else:
+                slots.append(name)
+        if j != len(meta):
+            return None
+        self.slots, self.tail = tuple(slots), cl.tail
+        return self
+
+    def __call__(self, tensors: dict, stream: int) -> None:
+        args = list(self.head)
+        args[3] = stream
+        for slot in self.slots:
+            if slot.__class__ is str:
+                args.append(tensors[slot])
+                continue
+            src, maps, encode = slot
+            t = tensors[src]
+            ptr = t if t.__class__ is int else t.data_ptr()
+            e = maps.get(ptr)
+            if e is None:
+                e = encode(maps, t, ptr)
+            args.extend(e)
+        self.launcher(*args, *self.tail)
+
+
+def _encode(make_arg, meta, shape, strides, padding, dtype, name, maps: dict, t, ptr: int):
+    """A descriptor's launcher arguments (CUtensorMap, shape, strides) at base address `ptr`,
+    kept in `maps`: the checks Descriptors makes on a later call's tensor (16-byte aligned base,
+    the dtype the descriptor was built for; an integer address is a buffer of the plan's own),
+    then Triton's own encoding."""
+    if ptr & 15:
+        raise ValueError(f"{name}: base address {ptr:#x} is not 16-byte aligned (a TMA descriptor's base must be)")
+    if t.__class__ is not int and t.dtype is not dtype:
+        raise ValueError(f"{name}: tensor is {t.dtype}, the descriptor was built for {dtype}")
+    if len(maps) >= RawLauncher.MAX_MAPS:
+        maps.clear()
+    maps[ptr] = out = tuple(make_arg(_Descriptor(_Address(ptr), shape, strides, padding), meta))
+    return out
+
+
+@dataclass
+class _Descriptor:
+    """What Triton's launcher reads of a host descriptor when it encodes one."""
+
+    base: Any
+    shape: list
+    strides: list
+    padding: str
 
 
 def _hooks_off() -> bool:

@@ -80,6 +80,7 @@ class Fp8Plan(Plan):
         else:
             launches = [f8.copy_v_launch(self.module, vv, bufs["Vt"], self.perm16)] if self.copy_v else []
         self.compile(launches + attn)
+        self.raw = False  # every launch replays through the raw launcher (set after a call)
         if self.copy_v:
             self.launches[0].rename({"X": "v", "X8": "Vt", "cu_seqlens": "cu_seqlens_k"})
 
@@ -110,14 +111,22 @@ class Fp8Plan(Plan):
         """(out, lse) of one call. The launches take only base addresses from the tensors (their
         strides are the plan's), so the caller's tensors and the output go as they are, not as
         (B, H, S, D) views. With want_lse=False the LSE may go into the fp8 buffers' allocation
-        (nobody reads it) and the returned lse is that view."""
+        (nobody reads it; lse is then None). Once every launch replays through the raw launcher
+        (CompiledLaunch.ready), the fp8 buffers go to it as addresses inside their one allocation
+        instead of tensor views (seven views cost more host time than both launches)."""
         out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        if want_lse or self.bufs_layout_lse is None:
-            t = f8.carve(self.bufs_layout, self.device)
-            lse = t["Lse"] = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        layout = self.bufs_layout if want_lse or self.bufs_layout_lse is None else self.bufs_layout_lse
+        # the direct launches need the 16-byte aligned bases the kernels were compiled for: the
+        # caller's tensors decide (the buffers and outputs come from torch's allocator)
+        ok = aligned(q, k, v, cu_q, cu_k, *descales) if self.quantized else aligned(q, k, v, cu_q, cu_k)
+        if self.raw and ok:
+            flat = torch.empty(layout[0], dtype=torch.uint8, device=self.device)
+            t = f8.addresses(layout, flat.data_ptr())
         else:
-            t = f8.carve(self.bufs_layout_lse, self.device)
-            lse = t["Lse"]
+            t = f8.carve(layout, self.device)
+        lse = t.get("Lse")
+        if want_lse or lse is None:
+            lse = t["Lse"] = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         if self.quantized:
             if self.copy_v:  # the copy kernel reads the caller's V (its strides are the plan's)
                 t["v"] = v
@@ -125,19 +134,15 @@ class Fp8Plan(Plan):
                 self.transpose_v(v, t["Vt"])
             t["Q"], t["K"] = q, k
             t["QScale"], t["KScale"], t["VScale"] = descales
-            # the direct launch needs the 16-byte aligned bases the kernels were compiled for: the
-            # caller's tensors decide (the buffers and outputs come from torch's allocator)
-            ok = aligned(q, k, v, cu_q, cu_k, *descales)
         else:
             t["Q"], t["K"] = t["Q8"], t["K8"]
             t["q"], t["k"], t["v"], t["Rot"] = q, k, v, self.rot
-            ok = aligned(q, k, v, cu_q, cu_k)
         t["Out"], t["cu_seqlens_q"], t["cu_seqlens_k"] = out, cu_q, cu_k
-        for launch, descs in zip(self.launches, self.descriptors):
-            if descs:  # the Gluon kernel: its descriptors around this call's tensors
-                t.update(descs(t))
+        for launch in self.launches:
             launch(t, ok)
-        return out, lse
+        if not self.raw:  # packed e4m3 V is transposed into a view: that plan keeps the views
+            self.raw = all(la.ready for la in self.launches) and not (self.quantized and not self.copy_v)
+        return out, (lse if want_lse else None)
 
     def bind_shadows(self) -> None:  # no portable twin: the key carries the inputs' alignment
         raise NotImplementedError

@@ -25,7 +25,7 @@ import torch
 from attngen import env
 from attngen.buckets import ShapeBucket, bucket_of
 from attngen.families.base import Family
-from attngen.kernels.launch import CompiledLaunch, Descriptors
+from attngen.kernels.launch import CompiledLaunch
 from attngen.runtime import dispatch, loader
 from attngen.runtime.plans import aligned
 from attngen.spec import KernelSpec
@@ -136,9 +136,8 @@ class Plan:
         """Keep `launches` (attngen.kernels.launch.Launch) as compiled launches, without the
         tensors of the call that built them."""
         self.launches_spec = launches
+        # each launch's TMA descriptors are made around each call's tensors by the launch itself
         self.launches = [CompiledLaunch(la, self.device, self.device_class == "cpu") for la in launches]
-        # each launch's TMA descriptors (rebuilt around each call's tensors; validated once)
-        self.descriptors = [Descriptors(la.descriptors) if la.descriptors else None for la in launches]
         # copy-engine kernels (host or in-kernel descriptors) need 16-byte aligned bases
         self.tma = any(la.descriptors or la.scratch for la in launches)
         for la in launches:  # a plan must not keep the first call's tensors alive
@@ -165,14 +164,10 @@ class Plan:
         """Run the launches on a call's tensors; False (nothing launched) when they need the
         copy engine and the call's tensors are not aligned for it."""
         ok = aligned(*(tensors[n] for n in self.ALIGNED))
-        if self.tma:
-            if not ok:
-                return False
-            for launch, descs in zip(self.launches, self.descriptors):
-                launch({**tensors, **descs(tensors)} if descs else tensors, ok)
-        else:
-            for launch in self.launches:
-                launch(tensors, ok)
+        if self.tma and not ok:
+            return False
+        for launch in self.launches:
+            launch(tensors, ok)
         return True
 
     def bind_shadows(self) -> None:  # pragma: no cover - every family plan defines it

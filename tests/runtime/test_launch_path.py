@@ -344,7 +344,7 @@ def test_runtime_plans_the_sm90_tma_kernel(monkeypatch):
         plan = next(iter(api._FWD.values()))
         assert plan.spec.target == "sm90" and plan.launches_spec[0].fn.__name__ == "_attn_fwd_tma"
         again = attngen.attention(q, k, v, causal=True, layout="bshd")  # a warm call: new descriptors
-        assert all(d.fast for d in plan.descriptors if d), "the warm call rebuilt descriptors through Triton"
+        assert all(la.descs.fast for la in plan.launches if la.descs), "the warm call rebuilt descriptors through Triton"
         buf = torch.empty(q.numel() + 8, dtype=q.dtype)
         q_odd = buf[1:1 + q.numel()].view(q.shape).copy_(q)  # 2-byte offset: no TMA
         odd = attngen.attention(q_odd, k, v, causal=True, layout="bshd")
