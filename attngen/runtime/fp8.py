@@ -24,6 +24,7 @@ FP8 = family("fwd_fp8")
 E4M3 = torch.float8_e4m3fn
 _PLANS = PlanCache()
 _FAST = PlanCache()  # attention(precision="fp8")'s own argument key -> Fp8Plan (its eager fast path)
+_FAST_QUANT = PlanCache()  # attention_fp8's own argument key -> (Fp8Plan, (B, Hq, Hkv, Sq, Sk))
 
 
 def check_fp8_device(device: torch.device) -> None:
@@ -186,6 +187,20 @@ def descale_views(name: str, d, batch: int, heads: int, kv_heads: int, seqlen: i
         return d
     raise ValueError(f"{name}: shape {tuple(d.shape)}; expected ({batch}, {kv_heads}) (per KV head), "
                      f"({batch}, {heads}) or ({batch}, {heads}, {blocks}) (per block of {f8.SCALE_BLOCK} rows)")
+
+
+def descale_key(d):
+    """A descale argument's part of attention_fp8's fast-path key (AttributeError: not a tensor,
+    the full path says)."""
+    return None if d is None else (d.shape, d.stride(), d.dtype, d.device)
+
+
+def descales_of(dims: tuple, q_descale, k_descale, v_descale, device) -> tuple:
+    """attention_fp8's three descales as (batch, heads, blocks) views; dims (B, Hq, Hkv, Sq, Sk)."""
+    B, hq, hkv, sq, sk = dims
+    return (descale_views("q_descale", q_descale, B, hq, hkv, sq, device),
+            descale_views("k_descale", k_descale, B, hkv, hkv, sk, device),
+            descale_views("v_descale", v_descale, B, hkv, hkv, sk, device))
 
 
 def check_precision(precision, rotate) -> bool:

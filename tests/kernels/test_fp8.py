@@ -312,6 +312,32 @@ def test_attention_fp8_descales(form):
     assert_flash_rule(form, out, o64, oe.to(torch.bfloat16), 2.0, 1e-3)
 
 
+def test_attention_fp8_warm_calls_take_the_fast_path(monkeypatch):
+    """A warm attention_fp8 call is one lookup in fp8._FAST_QUANT (no validation, no plan key):
+    the same outputs as the cold call on new values; another descale form, dtype or device is
+    another key (its call goes through the checks again)."""
+    from attngen.runtime import fp8 as rt_fp8
+
+    def inputs(seed):
+        q, k, v = random_inputs((1, 4, 150, 64), (1, 2, 150, 64), (1, 2, 150, 64), dtype=torch.bfloat16, seed=seed)
+        return [_quantize_per_kv_head(x, 2) for x in (q, k, v)]
+
+    (q8, qd), (k8, kd), (v8, vd) = inputs(31)
+    rt_fp8._FAST_QUANT.clear()
+    first = attngen.attention_fp8(q8, k8, v8, qd, kd, vd, causal=True)
+    assert len(rt_fp8._FAST_QUANT) == 1
+    (q8, qd), (k8, kd), (v8, vd) = inputs(32)
+    cold = attngen.attention_fp8(q8.clone(), k8, v8, qd, kd, vd, causal=True, out_dtype=torch.float16)  # new key
+    assert len(rt_fp8._FAST_QUANT) == 2
+    monkeypatch.setattr(rt_fp8, "check_quantized", lambda *a: pytest.fail("the warm call validated again"))
+    monkeypatch.setattr(rt_fp8, "fp8_plan", lambda *a, **kw: pytest.fail("the warm call built a plan key"))
+    warm = attngen.attention_fp8(q8, k8, v8, qd, kd, vd, causal=True, out_dtype=torch.float16)
+    assert torch.equal(warm, cold) and not torch.equal(warm.to(first.dtype), first)
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="k_descale: must be torch.float32"):
+        attngen.attention_fp8(q8, k8, v8, qd, kd.double(), vd, causal=True, out_dtype=torch.float16)
+
+
 def test_fp8_under_torch_compile():
     q, k, v = random_inputs((1, 2, 70, 64), (1, 2, 90, 64), (1, 2, 90, 64), dtype=torch.bfloat16, seed=6)
     q8, k8, v8 = (x.to(E4M3) for x in (q, k, v))
