@@ -594,8 +594,33 @@ def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: di
     from attngen.families.fwd import WS_CONSUMER_REGS
 
     values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-              "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers}
+              "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers,
+              "LPT": lpt_order(spec, k8)}
     return programs(blocks, B * hq, "q"), values, descs
+
+
+LPT_L2_SHARE = 0.8  # K / V (e4m3) of a call up to this share of the L2 cache: causal tiles in LPT order
+
+
+def lpt_order(spec: KernelSpec, k8) -> bool:
+    """Whether the Gluon kernel walks causal tiles in longest-processing-time order (every (batch,
+    head)'s heaviest tile first, then every next one) instead of one (batch, head)'s tiles side by
+    side: when the call's e4m3 K and V^T fit in L2, so that nothing is lost by spreading a head's
+    tiles over the grid. H200 (50 MB L2), attention kernel alone, B1 H16, TFLOP/s, side by side
+    (benchmarks/ab/h200_ab_fp8_lpt_2026-12-04.json): causal hd128 S4k (17 MB) 597 -> 671, S8k
+    (34 MB) 720 -> 744 one consumer, 707 -> 754 two; hd256 S4k (34 MB) 729 -> 858; past L2 it
+    loses: S16k hd128 (67 MB) 803 -> 786, hd256 (134 MB) 949 -> 912."""
+    if spec.mask != "causal" or k8.device.type != "cuda":
+        return False
+    kv_bytes = 2 * k8.shape[0] * k8.shape[1] * k8.shape[2] * k8.shape[3]  # K8 and V^T, one byte a value
+    return kv_bytes <= LPT_L2_SHARE * _l2_bytes(k8.device.index or 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(index).L2_cache_size
 
 
 def portable_fp8(cfg: Fp8Config, spec: KernelSpec) -> Fp8Config:

@@ -187,3 +187,44 @@ def test_fp8_gluon_forward_throughput(S, D, causal, configs, gpu_records):
               f"{flops / (r['ms'] + pro_ms) / 1e9:7.1f}); rel diff to Triton {r['rel_diff_to_triton']}")
     bad = [r for r in rows if not r["passed"]]
     assert not bad, bad
+
+
+@pytest.mark.parametrize("D, cfg", [(128, F.WS_FP8_ONE), (128, F.WS_FP8_DEFAULT), (256, F.WS_FP8_DEFAULT_WIDE)])
+def test_causal_tile_orders_compute_the_same_output(monkeypatch, D, cfg):
+    """The Gluon kernel's two causal program orders (fwd_fp8.lpt_order: LPT where K / V fit in L2,
+    else one (batch, head)'s tiles side by side) run the same tiles: outputs and LSE bit for bit
+    equal, on an odd shape with GQA, each against float64 through the flash-attn rule."""
+    import attngen
+    from attngen.runtime import dispatch
+    from attngen.runtime import fp8 as rt_fp8
+
+    q, k, v = random_inputs((2, 8, 1531, D), (2, 2, 1531, D), (2, 2, 1531, D), dtype=BF16, device="cuda", seed=41)
+    got = {}
+    for lpt in (True, False):
+        monkeypatch.setattr(F, "lpt_order", lambda spec, k8, lpt=lpt: lpt)
+        rt_fp8._FAST.clear(), rt_fp8._PLANS.clear()
+        with dispatch.forced_config(fwd_fp8=cfg):
+            got[lpt] = attngen.attention(q, k, v, causal=True, precision="fp8", return_lse=True)
+        plan = list(rt_fp8._PLANS.values())[-1]
+        assert plan.launches[-1].fn.__name__ == "_attn_fwd_fp8_ws" and plan.launches[-1].tail[-1] is lpt
+    assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1])
+    ref, _ = attention_ref(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), causal=True)
+    emul, _ = f8t.emulate(q, k, v, causal=True)
+    from attngen.testing import assert_flash_rule
+
+    assert_flash_rule("out", got[True][0], ref, emul, 2.0, 1e-3)
+
+
+def test_lpt_order_follows_the_l2_footprint(monkeypatch):
+    """Causal calls whose e4m3 K and V^T take up to 0.8 of L2 walk tiles in LPT order; larger ones,
+    and other masks, keep one (batch, head)'s tiles together."""
+    import types
+
+    monkeypatch.setattr(F, "_l2_bytes", lambda index: 50 << 20)
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 1, "causal")
+
+    def k8(B, H, S, D):
+        return types.SimpleNamespace(device=torch.device("cuda", 0), shape=(B, H, S, D))
+
+    assert F.lpt_order(spec, k8(1, 16, 8192, 128)) and not F.lpt_order(spec, k8(1, 16, 16384, 128))
+    assert not F.lpt_order(KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 1, "none"), k8(1, 1, 64, 128))
