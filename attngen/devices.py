@@ -111,3 +111,22 @@ def check_profile(info: DeviceInfo, profile: str) -> str | None:
     return (f"GPU {info.index} is {info.gpu_name} (sm{major}{minor}, "
             f"{'class ' + have if have else 'in no device class'}); --device {profile} needs {caps} "
             f"({p.gpus}); --device auto picks the GPU's own class")
+
+
+def busy_gpu(device, ms: float = 300.0) -> None:
+    """Keep the GPU busy for about `ms` milliseconds before something is timed. A GPU left idle for
+    seconds (a bench row's providers built on the host, torch.compile's first import, the tuner
+    compiling configs) clocks down, and the first thing timed after such a pause ran 3-4x slower
+    than the same call later in the run (H200: the first decode row, whichever provider came
+    first; the first tuning study after compiling ahead, 2026-12-04)."""
+    import time
+
+    import torch
+
+    src = torch.empty(1 << 26, dtype=torch.int16, device=device)
+    dst = torch.empty_like(src)
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        for _ in range(20):
+            dst.copy_(src)
+        torch.cuda.synchronize(device)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.bench.run import TIMING, busy_gpu
+from attngen.bench.run import TIMING
+from attngen.devices import busy_gpu
 
 PAGE = 16
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.bench.run import TIMING, busy_gpu
+from attngen.bench.run import TIMING
+from attngen.devices import busy_gpu
 
 PROVIDERS = ("attngen-fp8", "attngen-fp8-triton", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel",
              "attngen", "cudnn", "cudnn-fp8", "triton-fp8")

@@ -48,22 +48,6 @@ def make_step(p: Prepared, mode: str) -> Callable[[], tuple[torch.Tensor, ...]]:
     return step
 
 
-def busy_gpu(device, ms: float = 300.0) -> None:
-    """Keep the GPU busy for about `ms` milliseconds before a row is timed. Building a row's
-    providers can leave the GPU idle for seconds (tensors made on the host, torch.compile's first
-    import), and the first provider timed after such a pause ran 3-4x slower than the same call
-    later in the run (H200, the first decode row, in two runs: whichever provider came first)."""
-    import time
-
-    src = torch.empty(1 << 26, dtype=torch.int16, device=device)
-    dst = torch.empty_like(src)
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        for _ in range(20):
-            dst.copy_(src)
-        torch.cuda.synchronize(device)
-
-
 def do_bench_timer(step: Callable[[], object], warmup_ms: int, rep_ms: int) -> float:
     from triton.testing import do_bench
 

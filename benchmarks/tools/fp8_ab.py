@@ -29,7 +29,7 @@ import torch
 import triton
 
 from attngen.bench.probe import parse_config
-from attngen.bench.run import busy_gpu
+from attngen.devices import busy_gpu
 from attngen.families import fwd_fp8 as F
 from attngen.kernels.common import MaskArgs
 from attngen.problem import attention_ref
@@ -136,7 +136,7 @@ def main():
                         _, quant, attn, _ = setup(module(sw, D, mask), B, H, H, S, D, mask, None, cfg)
                         for la in quant:
                             la.run()
-                        busy_gpu("cuda")  # an idle GPU times its first case slow (bench.run.busy_gpu)
+                        busy_gpu("cuda")  # an idle GPU times its first case slow (devices.busy_gpu)
                         flops = 4 * B * H * S * S * D * (0.5 if mask == "causal" else 1.0)
                         ms = triton.testing.do_bench(lambda: [la.run() for la in attn], warmup=100, rep=400,
                                                      return_mode="median")

@@ -19,7 +19,7 @@ import triton
 from torch.profiler import ProfilerActivity, profile
 
 from attngen.bench import fp8 as bench_fp8
-from attngen.bench.run import busy_gpu
+from attngen.devices import busy_gpu
 
 PROVIDERS = ["attngen-fp8", "attngen-fp8-kernel", "attngen", "cudnn-fp8"]
 

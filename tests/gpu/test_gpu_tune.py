@@ -44,3 +44,22 @@ def test_tune_compiles_ahead_measures_valid_configs_and_the_winner_is_the_fastes
     assert ok and all(t["time_ms"] > 0 and t["tflops"] > 0 for t in ok)
     assert w.time_ms == min(t["time_ms"] for t in ok)
     torch.cuda.synchronize()
+
+
+def test_timer_warms_an_idle_gpu_first(monkeypatch):
+    """The tuner's timer keeps the GPU busy before timing after a pause (a clocked-down GPU timed
+    the first study after compiling ahead 1.3-3.5x slow), and not between back-to-back timings."""
+    import torch
+
+    from attngen.tuning import timing
+
+    warmed = []
+    monkeypatch.setattr(timing, "busy_gpu", lambda device, ms: warmed.append(ms))
+    x = torch.randn(1 << 20, device="cuda")
+    monkeypatch.setattr(timing, "_last_timed", [float("-inf")])
+    assert timing.do_bench_median(lambda: x.mul_(1.0)) > 0 and warmed == [timing.WARM_MS]
+    timing.do_bench_median(lambda: x.mul_(1.0))
+    assert warmed == [timing.WARM_MS]  # right after the last timing: no warm-up
+    timing._last_timed[0] -= 2 * timing.IDLE_S
+    timing.do_bench_median(lambda: x.mul_(1.0))
+    assert warmed == [timing.WARM_MS] * 2
