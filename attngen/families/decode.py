@@ -255,8 +255,8 @@ class TuningHooks:
         if key not in replays:
             if replays and next(iter(replays))[1] != cfg:
                 replays.clear()  # one config's replays at a time
-            replays[key] = self._replay(obj, cfg, t)
-        for launch, values in replays[key]:
+            replays[key] = (t, self._replay(obj, cfg, t))  # t kept: its id is not reused while cached
+        for launch, values in replays[key][1]:
             launch(values, True)
 
     def _replay(self, obj, cfg, t: dict) -> list:
