@@ -250,13 +250,9 @@ class TuningHooks:
         per (config, input set) and replayed directly, as the runtime replays a plan: building
         them and going through Triton's JIT on every timed step made the small buckets host-bound
         (a tuning run picked configs by Python time)."""
-        replays = self.__dict__.setdefault("_replays", {})
-        key = (id(t), cfg)
-        if key not in replays:
-            if replays and next(iter(replays))[1] != cfg:
-                replays.clear()  # one config's replays at a time
-            replays[key] = (t, self._replay(obj, cfg, t))  # t kept: its id is not reused while cached
-        for launch, values in replays[key][1]:
+        from attngen.families.base import replayed
+
+        for launch, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
             launch(values, True)
 
     def _replay(self, obj, cfg, t: dict) -> list:

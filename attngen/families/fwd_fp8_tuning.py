@@ -114,13 +114,9 @@ class TuningHooks:
         again) on every timed step cost more host time than a short bucket's kernels take, and a
         tuning run picked Triton configs by Python time (q4096 causal GQA 32/8: every Gluon config
         at 0.86 ms, the bench's kernel at about 0.27)."""
-        replays = self.__dict__.setdefault("_replays", {})
-        key = (id(t), cfg)
-        if key not in replays:
-            if replays and next(iter(replays))[1] != cfg:
-                replays.clear()  # one config's replays at a time
-            replays[key] = (t, self._replay(obj, cfg, t))  # t kept: its id is not reused while cached
-        for launch, values in replays[key][1]:
+        from attngen.families.base import replayed
+
+        for launch, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
             launch(values, True)
 
     def _replay(self, obj, cfg, t: dict) -> list:
