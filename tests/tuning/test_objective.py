@@ -74,10 +74,18 @@ def test_pairs_is_the_exact_count(sq, sk, causal, window, top_left):
 
 
 @pytest.fixture(scope="module")
-def fwd_objective():
+def _fwd_objective():
     e, s = entry_and_spec("llama.yaml", "llama3_8b")
     p = obj.problem_for(e, s, parse_bucket("q16_k32_bh8"))
     return obj.Objective(s, p, "cpu", timer=fixed_timer(2.0))
+
+
+@pytest.fixture
+def fwd_objective(_fwd_objective):
+    """One objective for the module (its inputs and reference are made once), without the
+    launches an earlier test's trials left to replay."""
+    _fwd_objective.hooks.__dict__.pop("_replays", None)
+    return _fwd_objective
 
 
 def test_ok_trial_is_checked_then_timed(fwd_objective):
@@ -87,35 +95,67 @@ def test_ok_trial_is_checked_then_timed(fwd_objective):
     assert fwd_objective.timer.calls[-1] == dataclasses.asdict(FwdConfig(64, 32, 4, 2))
 
 
+def _after_launches(monkeypatch, after, drop: bool = False):
+    """The forward objective's replay of a config on input set t, followed by after(t) on every
+    launch of the set (a check or a timed step); drop=True leaves the real launches out."""
+    from attngen.families import fwd_tuning
+
+    real = fwd_tuning.TuningHooks._replay
+
+    def replay(self, o, cfg, t):
+        launches = [] if drop else real(self, o, cfg, t)
+        return [*launches, ((lambda values, ok: after(values)), t)]
+    monkeypatch.setattr(fwd_tuning.TuningHooks, "_replay", replay)
+
+
 def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):
-    monkeypatch.setattr(ffwd, "attn_fwd", lambda *a, **k: pytest.fail("launched an invalid config"))
+    monkeypatch.setattr(ffwd, "fwd_launches", lambda *a, **k: pytest.fail("launched an invalid config"))
     o = fwd_objective.run(FwdConfig(64, 128, 4, 4))
     assert o.status == "invalid" and "shared memory" in o.error
 
 
-def test_launch_error_is_a_failed_trial(fwd_objective, monkeypatch):
+@pytest.mark.parametrize("where", ["build", "launch"])
+def test_launch_error_is_a_failed_trial(fwd_objective, monkeypatch, where):
+    from attngen.kernels.launch import CompiledLaunch
+
     def boom(*a, **k):
         raise RuntimeError("out of resource: shared memory, Required: 999999")
-    monkeypatch.setattr(ffwd, "attn_fwd", boom)
+    monkeypatch.setattr(*((ffwd, "fwd_launches") if where == "build" else (CompiledLaunch, "__call__")), boom)
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
     assert o.status == "failed" and o.time_ms is None and "RuntimeError: out of resource" in o.error
 
 
+def test_trial_replays_its_launches(fwd_objective, monkeypatch):
+    """A config's launches are built once per input set: the checked launch and the timed steps
+    replay them (going through the launchers on every step timed their Python at short buckets)."""
+    built = []
+    real = ffwd.fwd_launches
+    monkeypatch.setattr(ffwd, "fwd_launches", lambda *a, **k: built.append(a[2].data_ptr()) or real(*a, **k))
+
+    def timer(step, config, problem):
+        for _ in range(9):
+            step()
+        return 1.0
+    fwd_objective.timer = timer
+    assert fwd_objective.run(FwdConfig(64, 32, 4, 2)).status == "ok"
+    sets = fwd_objective.sets
+    assert sorted(built) == sorted({t["q"].data_ptr() for t in sets[:9]})  # each set once
+    assert fwd_objective.run(FwdConfig(32, 32, 4, 2)).status == "ok"  # another config: built again
+    assert len(built) == 2 * min(len(sets), 9)
+
+
 @pytest.mark.parametrize("corrupt", ["zero", "nothing", "one_row", "lse"])
 def test_wrong_result_is_a_failed_trial(fwd_objective, monkeypatch, corrupt):
-    real = ffwd.attn_fwd
-
-    def wrong(mod, spec, q, k, v, out, lse, mask, cfg):
+    def wrong(t):
         if corrupt == "nothing":
             return
-        real(mod, spec, q, k, v, out, lse, mask, cfg)
         if corrupt == "zero":
-            out.zero_()
+            t["out"].zero_()
         elif corrupt == "one_row":
-            out[0, 1, 3] += 0.05
+            t["out"][0, 1, 3] += 0.05
         else:
-            lse[0, 0, 0] += 1e-2
-    monkeypatch.setattr(ffwd, "attn_fwd", wrong)
+            t["lse"][0, 0, 0] += 1e-2
+    _after_launches(monkeypatch, wrong, drop=corrupt == "nothing")
     timer = fixed_timer()
     fwd_objective.timer = timer
     o = fwd_objective.run(FwdConfig(64, 32, 4, 2))
@@ -135,12 +175,7 @@ def test_step_rotates_through_input_sets(monkeypatch):
     p = obj.problem_for(e, s, parse_bucket("q16_k16_bh4"))
     monkeypatch.setattr(obj.timing, "l2_bytes", lambda device: 1 << 16)  # a tiny "L2": several sets
     seen = []
-    real = ffwd.attn_fwd
-
-    def spy(mod, spec, q, k, v, out, lse, mask, cfg):
-        seen.append(q.data_ptr())
-        real(mod, spec, q, k, v, out, lse, mask, cfg)
-    monkeypatch.setattr(ffwd, "attn_fwd", spy)
+    _after_launches(monkeypatch, lambda t: seen.append(t["q"].data_ptr()))
 
     def timer(step, config, problem):
         for _ in range(7):
@@ -150,7 +185,7 @@ def test_step_rotates_through_input_sets(monkeypatch):
     n = len(o.sets)
     assert n == obj.timing.rotation_sets(sum(t.numel() * t.element_size() for t in o.sets[0].values()), 1 << 16) > 2
     assert o.run(FwdConfig(64, 32, 4, 2)).status == "ok"
-    assert len(set(seen[1:])) == min(n, 7)  # seen[0]: the checked launch on set 0
+    assert len(seen) == 8 and len(set(seen[1:])) == min(n, 7)  # seen[0]: the checked launch on set 0
     assert len({t["q"].data_ptr() for t in o.sets}) == n
     assert not torch.equal(o.sets[0]["q"], o.sets[1]["q"])  # fresh inputs, not copies
 
