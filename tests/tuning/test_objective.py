@@ -191,18 +191,25 @@ def test_step_rotates_through_input_sets(monkeypatch):
 
 
 def test_backward_varlen_trial(monkeypatch):
+    """A backward trial through the replayed launches: with dQ by atomics the fp32 accumulator is
+    zeroed before every replay (a second trial of the config replays launches that already ran in
+    the first trial's check and timed steps, and is checked again); a wrong dK fails the trial."""
+    from attngen.families import bwd_tuning
+
     e, s = entry_and_spec("llama.yaml", "llama3_8b_packed", family="bwd")
     p = obj.problem_for(e, s, parse_bucket("q16_k16_bh8"))
     assert p.batch == 1 and s.varlen
     o = obj.Objective(s, p, "cpu", timer=fixed_timer())
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)).status == "ok"
-    assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)).status == "ok"
-    real = fbwd.attn_bwd_varlen
+    atomic = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)
+    assert o.run(atomic).status == "ok" and o.run(atomic).status == "ok"
+    real = bwd_tuning.TuningHooks._replay
 
-    def off_by_a_bit(*args):
-        real(*args)
-        args[9][3, 1, 5] += 0.05  # dk of one key of one KV head
-    monkeypatch.setattr(fbwd, "attn_bwd_varlen", off_by_a_bit)
+    def off_by_a_bit(self, o_, cfg, t):
+        def bump(values, ok):
+            t["dk"][3, 1, 5] += 0.05  # dk of one key of one KV head
+        return [*real(self, o_, cfg, t), (bump, None)]
+    monkeypatch.setattr(bwd_tuning.TuningHooks, "_replay", off_by_a_bit)
     r = o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1))
     assert r.status == "failed" and " dk:" in r.error, r
 
