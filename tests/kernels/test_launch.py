@@ -108,3 +108,89 @@ def test_unknown_descriptor_classes_keep_the_constructors(monkeypatch):
     assert made.fast is False
     again = made(_fresh(tensors))
     assert all(type(d) is TensorDescriptor for d in again.values())
+
+
+def _raw(make_arg, dtype=torch.bfloat16):
+    """A RawLauncher over a recording stand-in for Triton's C launcher: one descriptor slot (desc_q
+    over tensor Q) and one pointer slot (Out), two bound scalars."""
+    import functools
+
+    from attngen.kernels import launch as L
+
+    got = []
+    r = object.__new__(L.RawLauncher)
+    r.launcher = lambda *args: got.append(args)
+    r.head = (7, 1, 1, None, "function", False, False, None, None, "packed", None, None, None)
+    enc = functools.partial(L._encode, make_arg, "meta", [1, 2, 64, 32], [4096, 2048, 32, 1], "zero", dtype,
+                            "desc_q")
+    r.slots = (("Q", {}, enc), "Out")
+    r.tail = (3, 4)
+    return r, got
+
+
+def test_raw_launcher_encodes_a_descriptor_once_per_address():
+    """The raw replay's arguments are the C launcher's: the head with the call's stream, each
+    descriptor as (map, shape, strides) encoded by Triton's function once per base address, each
+    pointer as given (a tensor or an integer address), then the bound scalars."""
+    from attngen.kernels.launch import RawLauncher
+
+    encoded = []
+
+    def make_arg(desc, meta):
+        encoded.append(desc.base.data_ptr())
+        assert meta == "meta" and desc.padding == "zero"
+        return [f"map@{desc.base.data_ptr():x}", *desc.shape, *desc.strides]
+
+    r, got = _raw(make_arg)
+    q = torch.empty(1, 2, 64, 32, dtype=torch.bfloat16)
+    out = torch.empty(4)
+    r({"Q": q, "Out": out}, 99)
+    r({"Q": q, "Out": 12345}, 98)
+    assert encoded == [q.data_ptr()]  # the second call reused the map
+    assert got[0] == (7, 1, 1, 99, "function", False, False, None, None, "packed", None, None, None,
+                      f"map@{q.data_ptr():x}", 1, 2, 64, 32, 4096, 2048, 32, 1, out, 3, 4)
+    assert got[1][3] == 98 and got[1][-3] == 12345
+    base = q.data_ptr()
+    for i in range(RawLauncher.MAX_MAPS + 1):  # integer addresses: a plan's own buffers
+        r({"Q": base + 16 * (i + 1), "Out": None}, 0)
+    maps = r.slots[0][1]  # full at MAX_MAPS: dropped, then refilled
+    assert base not in maps and len(maps) == 2 and base + 16 * (RawLauncher.MAX_MAPS + 1) in maps
+
+
+def test_raw_launcher_refuses_a_misaligned_base_or_another_dtype():
+    r, _ = _raw(lambda desc, meta: ["map"])
+    q = torch.empty(1, 2, 64, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="desc_q: base address 0x[0-9a-f]+ is not 16-byte aligned"):
+        r({"Q": q.data_ptr() + 2, "Out": None}, 0)
+    with pytest.raises(ValueError, match="desc_q: tensor is torch.float16, the descriptor was built for torch.bfloat16"):
+        r({"Q": q.to(torch.float16), "Out": None}, 0)
+
+
+def test_raw_launcher_only_where_triton_builds_its_launcher_as_3_6_does():
+    """RawLauncher.of gives up (the launch keeps Triton's kernel.run) for a kernel whose launcher
+    is not a 3.6 CudaLauncher: no `launch`, global scratch memory, or a wrapper of another shape."""
+    import types
+
+    from attngen.kernels.launch import RawLauncher
+
+    def launch_of(run, descs=None):
+        kernel = types.SimpleNamespace(run=run, packed_metadata=(), function=1)
+        return types.SimpleNamespace(kernel=kernel, descs=descs, tensor_names=(), names=(), grid=1, tail=())
+
+    assert RawLauncher.of(launch_of(object())) is None
+    scratch = types.SimpleNamespace(launch=print, global_scratch_size=64, profile_scratch_size=0)
+    assert RawLauncher.of(launch_of(scratch)) is None
+
+    def outer():
+        x = 1
+
+        def inner(*a):
+            return x
+        return inner
+    wrapped = types.SimpleNamespace(launch=outer(), global_scratch_size=0, profile_scratch_size=0,
+                                    launch_cooperative_grid=False, launch_pdl=False)
+    assert RawLauncher.of(launch_of(wrapped)) is None  # a closure, but not wrap_handle_tensordesc's
+    plain = types.SimpleNamespace(launch=print, global_scratch_size=0, profile_scratch_size=0,
+                                  launch_cooperative_grid=False, launch_pdl=False)
+    raw = RawLauncher.of(launch_of(plain))  # no descriptors: the C launcher itself
+    assert raw is not None and raw.launcher is print and raw.slots == ()
