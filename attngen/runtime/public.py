@@ -175,21 +175,23 @@ def _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignmen
             return (out, lse) if return_lse else out
     validate.check_dense(q, k, v, layout)
     return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate,
-                     fast_key=key)
+                     fast=(fp8._FAST, key, None))
 
 
 def _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate,
-              cu_q=None, cu_k=None, max_q=0, max_k=0, descales=None, out_dtype=None, fast_key=None):
+              cu_q=None, cu_k=None, max_q=0, max_k=0, descales=None, out_dtype=None, fast=None):
     """The fp8 family's call (attention / attention_varlen with precision="fp8", attention_fp8);
-    fast_key: attention()'s key of this call's plan in fp8._FAST."""
+    fast: (cache, key, extra): the entry point's fast-path cache and its key of this call (None:
+    none), which keeps the plan (with `extra`, when not None, as (plan, extra))."""
     fp8.no_grad_check(q, k, v)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
     if torch.compiler.is_compiling():
         out, lse = ops.attention_fp8(q, k, v, descales, cu_q, cu_k, max_q, max_k, opts, rotate, out_dtype)
     else:
         plan = fp8.fp8_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, rotate, descales, out_dtype)
-        if fast_key is not None:
-            fp8._FAST.put(fast_key, plan)
+        if fast is not None and fast[1] is not None:
+            cache, key, extra = fast
+            cache.put(key, plan if extra is None else (plan, extra))
         out, lse = plan.run(q, k, v, cu_q, cu_k, descales, want_lse=bool(return_lse))
     return (out, lse) if return_lse else out
 
@@ -235,14 +237,6 @@ def attention_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None, *, ca
         raise ValueError(f"v_descale: of shape {tuple(descales[2].shape)} / strides {descales[2].stride()}, "
                          f"k_descale's view is {tuple(descales[1].shape)} / {descales[1].stride()}: give both "
                          "in the same form (contiguous)")
-    fp8.no_grad_check(q, k, v)
-    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
-    if torch.compiler.is_compiling():
-        out, lse = ops.attention_fp8(q, k, v, descales, None, None, 0, 0, opts, False, out_dtype)
-    else:
-        plan = fp8.fp8_plan(q, k, v, opts, rotate=False, descales=descales, out_dtype=out_dtype)
-        if key is not None:
-            fp8._FAST_QUANT.put(key, (plan, dims))
-        out, lse = plan.run(q, k, v, descales=descales, want_lse=bool(return_lse))
-    return (out, lse) if return_lse else out
+    return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, False,
+                     descales=descales, out_dtype=out_dtype, fast=(fp8._FAST_QUANT, key, dims))
 
