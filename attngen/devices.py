@@ -118,7 +118,7 @@ def busy_gpu(device, ms: float = 300.0) -> None:
     seconds (a bench row's providers built on the host, torch.compile's first import, the tuner
     compiling configs) clocks down, and the first thing timed after such a pause ran 3-4x slower
     than the same call later in the run (H200: the first decode row, whichever provider came
-    first; the first tuning study after compiling ahead, 2026-12-04)."""
+    first)."""
     import time
 
     import torch

@@ -146,16 +146,22 @@ def enumerate_space(fam: Family, spec: KernelSpec) -> list[tuple[object, str | N
     return out
 
 
-def replayed(hooks, cfg, t: dict, build: Callable[[], list]) -> list:
-    """A tuning objective's (CompiledLaunch, values) pairs of config `cfg` on input set `t`, built
-    once by build() and replayed on every later timed step (as the runtime replays a plan): going
-    through the launchers and Triton's JIT on each step made short buckets time Python. Kept on
-    `hooks`, one config's input sets at a time; `t` is held with them so that its id, the key, is
-    not reused while cached."""
+def replay(hooks, obj, cfg, t: dict) -> None:
+    """Run config `cfg` on input set `t` for a tuning objective: hooks.steps(obj, cfg, t) (kernel
+    launches, and zero-argument callables for work between them) made once per (config, input
+    set), each launch compiled once (CompiledLaunch), then replayed on every later call, as the
+    runtime replays a plan: going through the launchers and Triton's JIT on each timed step made
+    short buckets time Python. Kept on `hooks`, one config's input sets at a time; `t` is held with
+    them so that its id, the key, is not reused while cached."""
+    from attngen.kernels.launch import CompiledLaunch, Launch
+
     replays = hooks.__dict__.setdefault("_replays", {})
     key = (id(t), cfg)
     if key not in replays:
         if replays and next(iter(replays))[1] != cfg:
             replays.clear()
-        replays[key] = (t, build())
-    return replays[key][1]
+        steps = [(CompiledLaunch(x, obj.device, obj.kind == "cpu"), x.values) if isinstance(x, Launch)
+                 else ((lambda values, ok, f=x: f()), None) for x in hooks.steps(obj, cfg, t)]
+        replays[key] = (t, steps)
+    for fn, values in replays[key][1]:
+        fn(values, True)

@@ -33,30 +33,24 @@ class TuningHooks(_fwd_tuning.TuningHooks):
         """Config `cfg` on input set `t`, replayed per (config, input set) as the forward's: the
         launches of _bwd.attn_bwd (deterministic=False), with dQ's fp32 accumulator zeroed before
         them and copied into dq after them when the config accumulates dQ by atomics."""
-        from attngen.families.base import replayed
+        from attngen.families.base import replay
 
-        for fn, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
-            fn(values, True)
+        replay(self, obj, cfg, t)
 
-    def _replay(self, obj, cfg, t: dict) -> list:
+    def steps(self, obj, cfg, t: dict) -> list:
         import torch
-
-        from attngen.kernels.launch import CompiledLaunch
 
         p, s = obj.problem, obj.spec
         dq, dk, dv = t["dq"], t["dk"], t["dv"]
         if t["q"].numel() == 0 or t["k"].numel() == 0:
-            return [(lambda values, ok: (dq.zero_(), dk.zero_(), dv.zero_()), None)]
+            return [lambda: (dq.zero_(), dk.zero_(), dv.zero_())]
         atomic = cfg.atomic_dq
         delta = torch.empty_like(t["lse"])
         dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if atomic else dq
         cu = (t["cu_q"], t["cu_k"], p.seqlen_q, p.seqlen_k) if s.varlen else ()
         launches = _bwd.bwd_launches(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], delta,
                                      dq_acc, dk, dv, obj.mask, cfg, atomic, *cu)
-        steps = [(CompiledLaunch(la, obj.device, obj.kind == "cpu"), la.values) for la in launches]
-        if atomic:
-            steps = [(lambda values, ok: dq_acc.zero_(), None), *steps, (lambda values, ok: dq.copy_(dq_acc), None)]
-        return steps
+        return [dq_acc.zero_, *launches, lambda: dq.copy_(dq_acc)] if atomic else launches
 
     def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
         from attngen.problem import gradient_chunk

@@ -250,16 +250,14 @@ class TuningHooks:
         per (config, input set) and replayed directly, as the runtime replays a plan: building
         them and going through Triton's JIT on every timed step made the small buckets host-bound
         (a tuning run picked configs by Python time)."""
-        from attngen.families.base import replayed
+        from attngen.families.base import replay
 
-        for launch, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
-            launch(values, True)
+        replay(self, obj, cfg, t)
 
-    def _replay(self, obj, cfg, t: dict) -> list:
+    def steps(self, obj, cfg, t: dict) -> list:
         import torch
 
         from attngen.kernels.launch import sm_count
-        from attngen.kernels.launch import CompiledLaunch
 
         p = obj.problem
         out = []
@@ -275,8 +273,7 @@ class TuningHooks:
                 more = (t["lens"], t["table"])
             else:  # with cache_seqlens, as attention_with_kvcache calls it
                 args, more = (t["q"], t["k"], t["v"], t["out"], t["lse"]), (t["lens"],)
-            for la in decode_launches(obj.mod, obj.spec, *args, op, lp, obj.mask, cfg, n, split_len, *more):
-                out.append((CompiledLaunch(la, obj.device, obj.kind == "cpu"), la.values))
+            out += decode_launches(obj.mod, obj.spec, *args, op, lp, obj.mask, cfg, n, split_len, *more)
         return out
 
     def reference(self, obj, t: dict) -> dict:

@@ -114,21 +114,17 @@ class TuningHooks:
         again) on every timed step cost more host time than a short bucket's kernels take, and a
         tuning run picked Triton configs by Python time (q4096 causal GQA 32/8: every Gluon config
         at 0.86 ms, the bench's kernel at about 0.27)."""
-        from attngen.families.base import replayed
+        from attngen.families.base import replay
 
-        for launch, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
-            launch(values, True)
+        replay(self, obj, cfg, t)
 
-    def _replay(self, obj, cfg, t: dict) -> list:
-        from attngen.kernels.launch import CompiledLaunch
-
+    def steps(self, obj, cfg, t: dict) -> list:
         s, p = obj.spec, obj.problem
         cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
         attn = fp8_launches(obj.mod, s, t["Q8"], t["K8"], t["Vt"], t["QScale"], t["KScale"], t["VScale"],
                             t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q)
-        launches = quant_launches(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q,
-                                  p.seqlen_k, key_order16(obj.mod, attn)) + attn
-        return [(CompiledLaunch(la, obj.device, obj.kind == "cpu"), la.values) for la in launches]
+        return quant_launches(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q,
+                              p.seqlen_k, key_order16(obj.mod, attn)) + attn
 
     def reference(self, obj, t: dict) -> dict:
         """Per (batch or document): float64 attention and the emulation."""

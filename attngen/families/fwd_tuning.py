@@ -48,15 +48,13 @@ class TuningHooks:
 
     def launch(self, obj, cfg, t: dict, mod=None, spec=None) -> None:
         """Config `cfg` on input set `t`: the launches made once per (config, input set) and
-        replayed (families.base.replayed), so that a short bucket's timing is the GPU's, not the
+        replayed (families.base.replay), so that a short bucket's timing is the GPU's, not the
         launchers' Python. With another module (`mod`, `spec`: the backward's inputs, made once per
         input set, never timed) the launchers run directly."""
         if mod is None and spec is None:
-            from attngen.families.base import replayed
+            from attngen.families.base import replay
 
-            for launch, values in replayed(self, cfg, t, lambda: self._replay(obj, cfg, t)):
-                launch(values, True)
-            return
+            return replay(self, obj, cfg, t)
         mod, spec = mod or obj.mod, spec or obj.spec
         if spec.varlen:
             _fwd.attn_fwd_varlen(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], t["cu_q"], t["cu_k"],
@@ -64,13 +62,11 @@ class TuningHooks:
         else:
             _fwd.attn_fwd(mod, spec, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg)
 
-    def _replay(self, obj, cfg, t: dict) -> list:
-        from attngen.kernels.launch import CompiledLaunch
-
+    def steps(self, obj, cfg, t: dict) -> list:
+        """Config `cfg`'s launches on input set `t` (families.base.replay compiles and replays them)."""
         s = obj.spec
         cu = (t["cu_q"], t["cu_k"], obj.problem.seqlen_q) if s.varlen else ()
-        return [(CompiledLaunch(la, obj.device, obj.kind == "cpu"), la.values)
-                for la in _fwd.fwd_launches(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg, *cu)]
+        return _fwd.fwd_launches(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["lse"], obj.mask, cfg, *cu)
 
     def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
         from attngen.problem import output_chunk

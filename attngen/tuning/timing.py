@@ -82,9 +82,9 @@ _last_timed = [float("-inf")]
 def do_bench_median(step, config=None, problem=None) -> float:
     """Median milliseconds of `step` (which moves to the next input set on every call). After a
     pause of more than IDLE_S seconds since the last timing (compiling configs ahead, a config
-    compiled by its trial, a new study's inputs) the GPU is kept busy for WARM_MS first: an idle
-    H200 timed the first study after compiling ahead 1.3-3.5x slow (q4096 causal fp8: every
-    config at 125-275 TFLOP/s, the default at 199; 500+ in the bench)."""
+    compiled by its trial, a new study's inputs) the GPU is kept busy for WARM_MS first, as the
+    benches do before a row: a GPU left idle clocks down (devices.busy_gpu). (The slow first fp8
+    study that prompted it, 2026-12-04, turned out to be timing Python, fixed in the objective.)"""
     import torch
     import triton
 

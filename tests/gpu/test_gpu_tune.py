@@ -47,8 +47,8 @@ def test_tune_compiles_ahead_measures_valid_configs_and_the_winner_is_the_fastes
 
 
 def test_timer_warms_an_idle_gpu_first(monkeypatch):
-    """The tuner's timer keeps the GPU busy before timing after a pause (a clocked-down GPU timed
-    the first study after compiling ahead 1.3-3.5x slow), and not between back-to-back timings."""
+    """The tuner's timer keeps the GPU busy before timing after a pause (a GPU left idle clocks
+    down), and not between back-to-back timings."""
     import torch
 
     from attngen.tuning import timing

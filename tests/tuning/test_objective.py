@@ -100,12 +100,11 @@ def _after_launches(monkeypatch, after, drop: bool = False):
     launch of the set (a check or a timed step); drop=True leaves the real launches out."""
     from attngen.families import fwd_tuning
 
-    real = fwd_tuning.TuningHooks._replay
+    real = fwd_tuning.TuningHooks.steps
 
-    def replay(self, o, cfg, t):
-        launches = [] if drop else real(self, o, cfg, t)
-        return [*launches, ((lambda values, ok: after(values)), t)]
-    monkeypatch.setattr(fwd_tuning.TuningHooks, "_replay", replay)
+    def steps(self, o, cfg, t):
+        return [*([] if drop else real(self, o, cfg, t)), lambda: after(t)]
+    monkeypatch.setattr(fwd_tuning.TuningHooks, "steps", steps)
 
 
 def test_invalid_config_is_never_launched(fwd_objective, monkeypatch):
@@ -203,13 +202,13 @@ def test_backward_varlen_trial(monkeypatch):
     assert o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)).status == "ok"
     atomic = BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, atomic_dq=True)
     assert o.run(atomic).status == "ok" and o.run(atomic).status == "ok"
-    real = bwd_tuning.TuningHooks._replay
+    real = bwd_tuning.TuningHooks.steps
 
     def off_by_a_bit(self, o_, cfg, t):
-        def bump(values, ok):
+        def bump():
             t["dk"][3, 1, 5] += 0.05  # dk of one key of one KV head
-        return [*real(self, o_, cfg, t), (bump, None)]
-    monkeypatch.setattr(bwd_tuning.TuningHooks, "_replay", off_by_a_bit)
+        return [*real(self, o_, cfg, t), bump]
+    monkeypatch.setattr(bwd_tuning.TuningHooks, "steps", off_by_a_bit)
     r = o.run(BwdConfig(32, 64, 4, 1, 64, 32, 4, 1))
     assert r.status == "failed" and " dk:" in r.error, r
 
