@@ -28,20 +28,9 @@ import triton
 
 import attngen
 from attngen.bench.report import git_commit
+from attngen.bench.run import host_us
 from attngen.kernels.launch import make_descriptors
 from attngen.runtime import api
-
-
-def host_us(fn, n=2000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / n * 1e6
 
 
 def kernel_cache_entries() -> int:
@@ -126,7 +115,7 @@ def main():
     samples = {(name, grad): [] for name, grad, _ in providers}
     for _ in range(args.repeats):
         for name, grad, fn in providers:
-            samples[(name, grad)].append(host_us(fn, 2000 if not grad else 1000))
+            samples[(name, grad)].append(host_us(fn, 2000 if not grad else 1000)[0])
     rows = [{"provider": name, "grad": grad, "host_us": statistics.median(samples[(name, grad)]),
              "repeats_us": samples[(name, grad)]} for name, grad, _ in providers] + errors
 

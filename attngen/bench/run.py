@@ -54,6 +54,22 @@ def do_bench_timer(step: Callable[[], object], warmup_ms: int, rep_ms: int) -> f
     return float(do_bench(step, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def host_us(fn: Callable[[], object], n: int = 2000, warmup: int = 50) -> tuple[float, float]:
+    """(host, wall) µs per call of `fn` over n warm calls on the current GPU: host is the loop's
+    time without a synchronization (what Python and the launches cost while the GPU keeps up),
+    wall the same loop drained."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    t2 = time.perf_counter()
+    return (t1 - t0) / n * 1e6, (t2 - t0) / n * 1e6
+
+
 def _max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     from attngen.testing import max_err
 

@@ -140,6 +140,13 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
                     "(dq_block_m = 64 x dq_consumers, dq_num_warps = 4)")
         if cfg.dq_block_n != 64 or cfg.dq_regs:
             return "dq_consumers: dq_block_n is 64 (Q and dO are held in registers already: no dq_regs)"
+        if cfg.dq_num_stages < 2:
+            # a consumer holds two ring slots at once (block j's K / V for its scores, block j-1's
+            # K for the dQ update in flight) and frees the older one after waiting for the newer:
+            # with one slot the producer waits for a release that waits for the producer (the H200
+            # tuner hung on this config, 2026-12-04)
+            return ("dq_consumers: dq_num_stages is at least 2 (the Gluon dQ pass holds block j's and "
+                    "block j-1's K / V slots at once)")
     return None
 
 

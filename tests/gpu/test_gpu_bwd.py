@@ -173,6 +173,38 @@ def test_ws_backward_matches_float64_reference(c: Shape, dkdv: int, dq: int, gpu
     _check_and_record(c, f"bwd-ws-dkdv{dkdv}-dq{dq}", run.inputs, run.dout, grads, gpu_records, run.t0)
 
 
+def _ring_depths() -> list:
+    """One config of the tuner's sm90 space (hd128, GQA 4, causal) for each ring depth of the two
+    Gluon passes (num_stages, dq_num_stages) with and without roles: every depth the tuner may
+    pick must finish and be right (dq_num_stages 1 deadlocked the dQ pass, 2026-12-04)."""
+    from attngen import configs as space
+    from attngen.configs import BwdConfig
+    from attngen.spec import KernelSpec
+    from attngen.tuning.sampling import ValidSpace
+
+    spec = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    picked = {}
+    for c in ValidSpace(spec, space.search_space(BwdConfig, "bwd", "sm90")).configs():
+        if c["consumers"] and c["dq_consumers"]:
+            picked.setdefault((c["roles"], c["num_stages"], c["dq_num_stages"]), BwdConfig(**c))
+    return [picked[k] for k in sorted(picked)]
+
+
+RING_DEPTHS = _ring_depths()
+
+
+@pytest.mark.parametrize("cfg", RING_DEPTHS,
+                         ids=[f"roles{int(c.roles)}-stages{c.num_stages}-dq_stages{c.dq_num_stages}" for c in RING_DEPTHS])
+def test_ws_backward_every_ring_depth_of_the_space(cfg, gpu_records):
+    c = Shape(BF16, 1, 8, 2, 1023, 1023, 128, causal=True)
+    run = _Sm90Run(c, "bwd-ring")
+    names = run.kernel_names(cfg)
+    assert "_attn_bwd_dkdv_ws" in names and "_attn_bwd_dq_ws" in names, names
+    grads = run.backward(cfg, deterministic=True)
+    _check_and_record(c, f"bwd-ws-ring-r{int(cfg.roles)}-s{cfg.num_stages}-dqs{cfg.dq_num_stages}", run.inputs,
+                      run.dout, grads, gpu_records, run.t0)
+
+
 # BwdConfig.roles: the Gluon dK/dV pass with both consumers on the same 64 keys, one computing P^T
 # and dV, the other dP^T, dS^T and dK -- the only Gluon dK/dV pass past hd128
 ROLES_CASES = [

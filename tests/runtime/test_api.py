@@ -130,6 +130,28 @@ def test_backward_gqa_through_api():
                 (q, k, v), dout, g)
 
 
+def test_backward_gets_no_zero_filled_gradient_of_lse():
+    """lse is not differentiable: the eager Function asks the engine not to materialize its
+    gradient (a zero-filled (B, H, Sq) tensor and a fill each backward, 15-20 us of host time on
+    the H200, benchmarks/ab/h200_ab_bwd_host_2026-12-04.json); an undefined dout gives no gradient."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attngen.runtime.public import _EagerAttention
+
+    q, k, v = qkv(hq=2, hkv=2, sq=17, sk=17)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    out, lse = attngen.attention(q, k, v, return_lse=True)
+    dout, = random_inputs(out.shape, dtype=out.dtype, seed=3)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.autograd.grad(out, (q, k, v), dout)
+    fills = [e.name for e in prof.events()
+             if e.name in ("aten::zero_", "aten::fill_", "aten::zeros", "aten::zeros_like")
+             and list(lse.shape) in (e.input_shapes or [])]
+    assert fills == [], fills
+    assert _EagerAttention.backward(object(), None, None) == (None,) * 9
+
+
 @pytest.mark.parametrize("cu_q,arg,text", [
     (torch.tensor([0, 5, 10], dtype=torch.int64), "cu_seqlens_q", "int32"),
     (torch.tensor([1, 5, 10], dtype=torch.int32), "cu_seqlens_q", "start at 0"),

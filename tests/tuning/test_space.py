@@ -270,6 +270,7 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     (dict(dq_block_n=32), "dq_consumers: dq_block_n is 64"),
     (dict(dq_regs=True), "dq_consumers: dq_block_n is 64"),
     (dict(dq_num_stages=6), "dQ: needs ~"),  # Q / dO of 128 rows + six 64-key K / V stages
+    (dict(dq_num_stages=1), "dq_consumers: dq_num_stages is at least 2"),  # deadlocked on the H200
 ])
 def test_check_bwd_warp_specialized_backward(change, reason):
     s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
