@@ -8,7 +8,9 @@ Nothing here knows a family: inputs, launches, the reference, the accuracy check
 A config's fate, recorded by the tuner as the trial's status:
   invalid  the family's validity filter rejects it: never compiled
   failed   compiling or launching raised (out of shared memory or registers, a compile error), or
-           its output broke the accuracy rule: the error text is kept, it never wins
+           its output broke the accuracy rule: the error text is kept, it never wins; also a
+           config that lost the GPU (DeviceLost: an illegal address, or a first run still not
+           finished after HANG_S seconds, a kernel that never ends), recorded before the run stops
   ok       checked, then timed: median ms of the timer over a step that rotates input sets
 The check comes first, on outputs poisoned with NaN beforehand (a config that writes nothing fails);
 the accuracy rule is attngen.testing's flash-attn rule against a float64 reference (forward factor 2,
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,9 +42,31 @@ Timer = Callable[..., float]  # timer(step, config: dict, problem: attngen.probl
 
 
 class DeviceLost(RuntimeError):
-    """The GPU failed in a way that poisons the process (illegal address, launch failure): no
-    further trial can be trusted. The tuner stops; `attngen tune --resume` continues in a fresh
-    process."""
+    """The GPU failed in a way that poisons the process (illegal address, launch failure, a kernel
+    that never ends): no further trial can be trusted. The tuner records the config as failed and
+    stops; `attngen tune --resume` continues in a fresh process without it. `hung`: a kernel is
+    still running, so the process must not wait for the GPU on its way out."""
+
+    def __init__(self, message: str, hung: bool = False):
+        super().__init__(message)
+        self.hung = hung
+
+
+# seconds a config's first (checked) run may take before it is taken for a kernel that never ends
+# (a deadlocked producer / consumer ring, 2026-12-04); the slowest valid config of the largest
+# tuning bucket finishes in well under a second on the H200
+HANG_S = 120.0
+
+
+def wait_for_gpu(done: Callable[[], bool], seconds: float, what: str) -> None:
+    """Poll `done` (a CUDA event's query) until it is true; DeviceLost(hung=True) after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            raise DeviceLost(f"{what} did not finish within {seconds:g} s: taken for a kernel that never ends "
+                             f"(a deadlock); the GPU cannot be recovered in this process. The config is "
+                             f"recorded as failed; continue with `attngen tune --resume`", hung=True)
+        time.sleep(0.0005)
 
 
 def mask_args(problem: Problem) -> MaskArgs:
@@ -158,7 +183,7 @@ class Objective:
             for n in self.hooks.outputs:
                 first[n].fill_(float("nan"))
             self.launch(cfg, first)
-            self._sync()
+            self._finish_first_run(cfg)
             wrong = self.check(first)
             if wrong:
                 return Outcome("failed", error=f"wrong result: {wrong}")
@@ -182,6 +207,15 @@ class Objective:
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _finish_first_run(self, cfg) -> None:
+        """Wait for a config's first launches, at most HANG_S seconds (a plain synchronize would
+        wait for a deadlocked kernel forever)."""
+        if self.device.type != "cuda":
+            return
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        wait_for_gpu(done.query, HANG_S, f"config {dataclasses.asdict(cfg)}")
 
     def _raise_if_device_lost(self, exc: BaseException, cfg) -> None:
         if self.device.type != "cuda":

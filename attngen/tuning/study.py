@@ -162,8 +162,7 @@ class Study:
         if outcome is None:
             outcome = self.known(dcfg)
         if outcome is None:
-            outcome = self.bench.run(dcfg)
-            self.record(dcfg, outcome, is_default=True)
+            outcome = self.measure(dcfg, is_default=True)
         if outcome.status == "ok":
             self.yardstick.update(ms=outcome.time_ms, tflops=outcome.tflops)
             self.report.default_ms, self.report.default_tflops = outcome.time_ms, outcome.tflops
@@ -221,8 +220,7 @@ class Study:
                 seen = set(dbs.where_measured_configs(s, self.kernel_id, self.t.device_class, self.bucket_id))
             self.walk.after_repeat(trial.study, values, seen, self.repeat_rng)
         if outcome is None:
-            outcome = self.bench.run(cfg)
-            self.record(cfg, outcome, optuna_trial=trial.number)
+            outcome = self.measure(cfg, optuna_trial=trial.number)
             self.tuner.progress.trial(self.t, self.measured(), self.budget, values, outcome, self.best())
         else:
             trial.set_user_attr("reused", True)
@@ -239,6 +237,19 @@ class Study:
         self.trials_seen += 1
         if self.measured() >= self.budget or self.trials_seen >= self.cap or self._past_deadline():
             study_.stop()
+
+    def measure(self, cfg, is_default: bool = False, optuna_trial: int | None = None):
+        """Run and record one config. A config that loses the GPU is recorded as failed before
+        DeviceLost stops the run, so that --resume never runs it again."""
+        from attngen.tuning.objective import DeviceLost, Outcome
+
+        try:
+            outcome = self.bench.run(cfg)
+        except DeviceLost as exc:
+            self.record(cfg, Outcome("failed", error=f"lost the GPU: {exc}"), is_default, optuna_trial)
+            raise
+        self.record(cfg, outcome, is_default, optuna_trial)
+        return outcome
 
     # -- the database --
     def record(self, cfg, outcome, is_default: bool = False, optuna_trial: int | None = None) -> None:

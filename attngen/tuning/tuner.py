@@ -16,6 +16,10 @@ RDB URL as attngen's tables, so `optuna-dashboard <URL>` shows them. Per study:
   4. the study stops when `--trials` distinct configs were measured (all workers together, earlier
      runs included), the space is exhausted, or the time is up.
 
+A config that loses the GPU (objective.DeviceLost: an illegal address, or a first run that has
+not finished after objective.HANG_S seconds) is recorded as a failed trial and ends the run with
+exit status 1 (through os._exit when a kernel still runs); `--resume` goes on without it.
+
 Ctrl-C: the trial in flight is not recorded (its transaction rolls back), everything before it is;
 `--resume` continues the same studies. `--workers N` starts N processes on one storage (one per GPU,
 or sharing the GPUs there are), each running the same studies through Optuna's RDB storage.
@@ -27,6 +31,7 @@ this module runs the studies of one process and is `attngen tune`'s entry point.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -238,11 +243,24 @@ def tune(opts: TuneOptions, timer=None, probe=None) -> int:
     live = opts.worker is None and not opts.quiet and sys.stdout.isatty()
     t0 = time.monotonic()
     tuner = Tuner(opts, timer, probe)
+    from attngen.tuning.objective import DeviceLost
+
     try:
         targets = plan(opts)
         tuner.progress = RichProgress(len(targets)) if live else Progress(prefix, opts.quiet)
         with tuner.interrupt:
             reports = tuner.run()
+    except DeviceLost as exc:
+        if tuner.progress:
+            tuner.progress.close()
+            tuner.progress = None
+        if opts.worker is None:
+            dbs.Store(opts.url, "write").pack()
+        print(f"{prefix}attngen tune: {exc}", file=sys.stderr, flush=True)
+        if exc.hung:  # a kernel still runs: CUDA's teardown at exit would wait for it forever
+            sys.stdout.flush()
+            os._exit(1)
+        return 1
     except KeyboardInterrupt:
         print(f"{prefix}interrupted: every finished trial is in {schema.redact(opts.url)}; "
               f"`attngen tune ... --resume` continues", file=sys.stderr, flush=True)

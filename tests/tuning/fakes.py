@@ -6,9 +6,11 @@ children) or to attngen.tuning.tuner.tune() as objects."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 from attngen.devices import DeviceInfo
 
@@ -92,4 +94,23 @@ def timer_swallowed_interrupt(step, config, problem) -> float:
     if _CALLS[0] == 3:
         obj = _SigintOnDelete()
         del obj
+    return timer(step, config, problem)
+
+
+def timer_loses_gpu(step, config, problem) -> float:
+    """timer() whose second call in the folder ATTNGEN_FAKE_LOSE loses the GPU (DeviceLost, as an
+    illegal address would; hung when ATTNGEN_FAKE_LOSE_HUNG is set, as a kernel that never ends
+    would), and loses it again should that config ever be measured a second time."""
+    from attngen.tuning.objective import DeviceLost
+
+    folder = Path(os.environ["ATTNGEN_FAKE_LOSE"])
+    lost, calls = folder / "lost.json", folder / "calls"
+    key = json.dumps(config, sort_keys=True)
+    if lost.exists() and lost.read_text() == key:
+        raise DeviceLost("fake: the config that lost the GPU ran again")
+    n = int(calls.read_text()) + 1 if calls.exists() else 1
+    calls.write_text(str(n))
+    if n == 2:
+        lost.write_text(key)
+        raise DeviceLost("fake: an illegal memory access", hung=bool(os.environ.get("ATTNGEN_FAKE_LOSE_HUNG")))
     return timer(step, config, problem)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import pytest
 import torch
@@ -294,3 +295,18 @@ def test_fp8_reference_by_head_chunks_equals_one_piece(monkeypatch):
         monkeypatch.undo()
         assert calls == [4, 4]
         assert torch.equal(whole[0], parts[0]) and torch.equal(whole[1], parts[1])
+
+
+def test_a_first_run_that_never_finishes_is_a_lost_gpu():
+    """wait_for_gpu: a CUDA event that never completes (a deadlocked kernel) becomes DeviceLost
+    (hung) after the deadline instead of a wait without end; a completed one returns at once."""
+    from attngen.tuning.objective import DeviceLost, wait_for_gpu
+
+    t0 = time.monotonic()
+    with pytest.raises(DeviceLost) as exc:
+        wait_for_gpu(lambda: False, 0.05, "config {'block_m': 64}")
+    assert exc.value.hung and 0.05 <= time.monotonic() - t0 < 5
+    assert str(exc.value).startswith("config {'block_m': 64} did not finish within 0.05 s")
+    assert "--resume" in str(exc.value)
+    polls = iter([False, False, True])
+    wait_for_gpu(lambda: next(polls), 5.0, "x")

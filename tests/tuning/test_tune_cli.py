@@ -153,6 +153,45 @@ def test_existing_studies_need_resume_and_resume_measures_nothing_twice(tmp_path
     assert len(set(measured) | {json.dumps(dataclasses.asdict(DEFAULT), sort_keys=True)}) == 9
 
 
+def test_a_config_that_loses_the_gpu_is_recorded_and_resume_never_runs_it(tmp_path, small_space, monkeypatch,
+                                                                            capsys):
+    """DeviceLost (an illegal address, a kernel that never ends) stops the run with exit 1 and one
+    line; the config is a failed trial, so --resume goes on without running it again."""
+    monkeypatch.setenv("ATTNGEN_FAKE_LOSE", str(tmp_path))
+    db = tmp_path / "l.sqlite"
+    argv = tune_argv(db, trials=5)
+    argv[argv.index(f"{FAKES}:timer")] = f"{FAKES}:timer_loses_gpu"
+    assert cli(argv) == 1
+    err = capsys.readouterr().err
+    assert "attngen tune: fake: an illegal memory access" in err
+    lost = json.loads((tmp_path / "lost.json").read_text())
+    trials = check_consistent(db)
+    (row,) = [t for t in trials if t["config"] == lost]
+    assert row["status"] == "failed" and row["error"] == "lost the GPU: fake: an illegal memory access"
+    assert cli(argv + ["--resume"]) == 0
+    trials = check_consistent(db)
+    assert [t["config"] for t in trials].count(lost) == 1
+    assert len({json.dumps(t["config"], sort_keys=True) for t in trials if t["status"] != "invalid"}) >= 5
+
+
+def test_a_hung_kernel_ends_the_process_without_waiting_for_the_gpu(tmp_path):
+    """DeviceLost(hung=True): the process leaves through os._exit (CUDA's teardown would wait for
+    the kernel forever), after the failed trial is in the database."""
+    db = tmp_path / "h.sqlite"
+    argv = tune_argv(db, trials=5)
+    argv[argv.index(f"{FAKES}:timer")] = f"{FAKES}:timer_loses_gpu"
+    code = ("import sys, json; from attngen.cli import main; from attngen.families import fwd; "
+            f"fwd.TARGET_SPACES['sm90'] = {SMALL!r}; sys.exit(main({argv!r}))")
+    env = dict(os.environ, ATTNGEN_FAKE_LOSE=str(tmp_path), ATTNGEN_FAKE_LOSE_HUNG="1",
+               PYTHONPATH=str(REPO_ROOT))
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "attngen tune: fake: an illegal memory access" in res.stderr
+    lost = json.loads((tmp_path / "lost.json").read_text())
+    (row,) = [t for t in check_consistent(db) if t["config"] == lost]
+    assert row["status"] == "failed"
+
+
 def test_gpu_outside_the_profile_stops_before_any_work(tmp_path, capsys):
     db = tmp_path / "x.sqlite"
     argv = tune_argv(db)
