@@ -31,12 +31,43 @@ CPU_CLASS = "cpu"  # Triton's interpreter: never tuned, its own default table
 
 
 def canonical(name: str) -> str:
-    """The class name for what `--device` was given (sm90 -> h100); auto stays auto."""
+    """The class name for what `--device` was given (sm90 -> h100); auto stays auto, and so does
+    the class of a GPU no profile holds (sm100, sm120, ...: see profile())."""
     if name == AUTO or name in PROFILES:
         return name
     if name in ALIASES:
         return ALIASES[name]
+    if _capability_of_class(name) is not None:
+        return name
     raise ValueError(f"unknown device class {name!r} (known: {', '.join(DEVICE_CHOICES)})")
+
+
+def _capability_of_class(name: str) -> tuple[int, int] | None:
+    """(major, minor) of a class name sm<major><minor> (sm100 -> (10, 0)) outside the profiles,
+    sm80 or newer; None for any other name."""
+    digits = name[2:] if name.startswith("sm") else ""
+    if len(digits) < 2 or not digits.isdigit() or digits[0] == "0":
+        return None
+    cap = (int(digits[:-1]), int(digits[-1]))
+    return cap if cap[0] >= 8 and class_of_capability(*cap) is None else None
+
+
+def own_class(major: int, minor: int) -> str | None:
+    """The class a GPU is tuned under: its profile's, else sm<major><minor> for an sm80+ GPU no
+    profile holds (a newer architecture: it runs the sm80 kernels, and `attngen tune` measures
+    them there under that class, which the runtime reads for that GPU); None below sm80."""
+    return class_of_capability(major, minor) or (f"sm{major}{minor}" if major >= 8 else None)
+
+
+def profile(name: str) -> DeviceProfile:
+    """The profile of a class name (canonical), made up for the class of a GPU no profile holds:
+    the sm80 kernels on that one capability. KeyError for an unknown name."""
+    if name in PROFILES:
+        return PROFILES[name]
+    cap = _capability_of_class(name)
+    if cap is None:
+        raise KeyError(name)
+    return DeviceProfile(name, name, "sm80", (cap,), f"sm{cap[0]}{cap[1]} GPUs")
 
 
 def class_of_capability(major: int, minor: int) -> str | None:
@@ -62,18 +93,16 @@ def describe(name: str) -> str:
     if name == CPU_CLASS:
         return "cpu: Triton's interpreter, default configs (never tuned)"
     p = PROFILES.get(name)
-    if p is None:  # sm<cc> of a GPU no class holds
-        return f"{name}: in no device class, the sm80 kernels with their default configs"
+    if p is None:  # sm<cc> of a GPU no profile holds
+        return (f"{name}: in no device profile, the sm80 kernels under a class of its own (default "
+                f"configs until `attngen tune` runs on such a GPU)")
     return f"{p.name} ({p.arch}: {p.gpus}): the {p.target} kernels"
 
 
 def no_class_message(gpu_name: str, capability: tuple[int, int]) -> str:
+    """Why a GPU older than sm80 has no class (own_class is None only there)."""
     major, minor = capability
-    classes = "; ".join(f"{p.arch} ({p.gpus})" for p in PROFILES.values())
-    runs = ("attention() runs the sm80 kernels there with their default configs" if major >= 8
-            else "attention() needs sm80 or newer")
-    return (f"{gpu_name} (sm{major}{minor}) is in no device class attngen tunes for ({classes}); "
-            f"{runs}")
+    return f"{gpu_name} (sm{major}{minor}) is older than sm80: attngen's kernels need sm80 or newer"
 
 
 @dataclass(frozen=True)
@@ -97,19 +126,19 @@ class DeviceInfo:
                 "triton_version": self.triton_version}
 
 
-def check_profile(info: DeviceInfo, profile: str) -> str | None:
+def check_profile(info: DeviceInfo, name: str) -> str | None:
     """None when the GPU belongs to the class `attngen tune --device` names, else why not."""
     try:
-        p = PROFILES[canonical(profile)]
+        p = profile(canonical(name))
     except (ValueError, KeyError):
-        return f"unknown device class {profile!r} (known: {', '.join(DEVICE_CHOICES)})"
+        return f"unknown device class {name!r} (known: {', '.join(DEVICE_CHOICES)})"
     if info.capability in p.capabilities:
         return None
     major, minor = info.capability
-    have = class_of_capability(major, minor)
+    have = own_class(major, minor)
     caps = ", ".join(f"sm{a}{b}" for a, b in p.capabilities)
     return (f"GPU {info.index} is {info.gpu_name} (sm{major}{minor}, "
-            f"{'class ' + have if have else 'in no device class'}); --device {profile} needs {caps} "
+            f"{'class ' + have if have else 'older than sm80'}); --device {name} needs {caps} "
             f"({p.gpus}); --device auto picks the GPU's own class")
 
 

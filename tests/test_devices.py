@@ -38,12 +38,23 @@ def test_the_shipped_database_uses_class_names():
     assert stored and stored <= set(devices.PROFILES), stored
 
 
-def test_gpus_outside_every_class():
+def test_gpus_outside_every_profile():
+    """A newer GPU runs the sm80 kernels under a class of its own (what the runtime's
+    device_class says for it and what `attngen tune --device auto` stores winners under); below
+    sm80 nothing runs."""
     assert devices.class_of_capability(10, 0) is None
-    assert devices.target_of_capability(10, 0) == "sm80"  # runs the sm80 kernels, default configs
+    assert devices.target_of_capability(10, 0) == "sm80"
+    assert devices.own_class(10, 0) == "sm100" and devices.own_class(12, 1) == "sm121"
+    assert devices.own_class(9, 0) == "h100" and devices.own_class(7, 5) is None
+    p = devices.profile(devices.canonical("sm100"))
+    assert (p.name, p.target, p.capabilities) == ("sm100", "sm80", ((10, 0),))
+    for name in ("sm75", "sm08", "sm1", "sm100x", "b200"):
+        with pytest.raises(ValueError, match="unknown device class"):
+            devices.canonical(name)
+    assert devices.canonical("sm90") == "h100"  # a profile's alias stays its profile
     with pytest.raises(ValueError, match="sm80"):
         devices.target_of_capability(7, 5)
-    assert "in no device class" in devices.describe("sm100")
+    assert "in no device profile" in devices.describe("sm100")
 
 
 @pytest.mark.parametrize("capability, name", [((8, 9), "sm89"), ((8, 6), "sm86"), ((9, 0), "h100"),

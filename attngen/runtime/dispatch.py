@@ -21,7 +21,7 @@ import torch
 from attngen.families import family
 from attngen.spec import TARGETS, KernelSpec
 from attngen.buckets import ShapeBucket
-from attngen.devices import CPU_CLASS, class_of_capability, target_of_capability
+from attngen.devices import CPU_CLASS, own_class, target_of_capability
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -115,11 +115,12 @@ def _capability_target(major: int, minor: int) -> str:
 
 def device_class(device: torch.device, interpret: bool) -> str:
     """The class tuned configs are stored under (attngen.devices.PROFILES: a100 = sm80, sm86, sm89,
-    h100 = sm90), cpu for the interpreter, or sm<cc> for a GPU no class holds (defaults only)."""
+    h100 = sm90), cpu for the interpreter, or sm<cc> for a newer GPU no profile holds (the sm80
+    kernels: default configs, or what `attngen tune` stored under that class)."""
     if interpret or device.type != "cuda":
         return CPU_CLASS
     major, minor = _capability(_index(device))
-    return class_of_capability(major, minor) or f"sm{major}{minor}"
+    return own_class(major, minor) or f"sm{major}{minor}"
 
 
 def device_kind(device: torch.device, interpret: bool) -> str:

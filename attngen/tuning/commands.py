@@ -15,14 +15,27 @@ from attngen.buckets import parse_bucket
 from attngen.devices import AUTO, DEVICE_CHOICES, PROFILES, canonical
 
 
+class _DeviceChoices(tuple):
+    """--device's choices: the profiles' names and aliases, auto, and the sm<cc> class of any sm80+
+    GPU no profile holds (sm100, sm120: devices.own_class); usage errors list the first ones."""
+
+    def __contains__(self, name) -> bool:
+        try:
+            canonical(name)
+        except (ValueError, TypeError):
+            return False
+        return True
+
+
 def tune_arguments(t: argparse.ArgumentParser) -> None:
     """`attngen tune`'s arguments (a row of attngen.cli.COMMANDS)."""
     t.description = ("Optuna over the launch-config space of each kernel, one study per (kernel, "
                      "device class, shape bucket); winners go to the tuning database the runtime reads.")
-    t.add_argument("--device", default=AUTO, choices=DEVICE_CHOICES, metavar="CLASS",
+    t.add_argument("--device", default=AUTO, choices=_DeviceChoices(DEVICE_CHOICES), metavar="CLASS",
                    help="device class to tune for: auto (the GPU's own), "
                         + ", ".join(f"{p.arch}{' / ' + p.name if p.name != p.arch else ''} "
-                                    f"({p.gpus}; the {p.target} kernels)" for p in PROFILES.values()))
+                                    f"({p.gpus}; the {p.target} kernels)" for p in PROFILES.values())
+                        + ", or sm<cc> of a newer GPU (sm100, sm120: the sm80 kernels)")
     t.add_argument("--spec", dest="specs", action="append", default=[], metavar="FILE",
                    help="spec file or folder (repeatable; default: the checkout's specs/, or the "
                         "specs an installed attngen ships)")

@@ -20,7 +20,8 @@ from attngen import configs as space
 from attngen import env
 from attngen.buckets import ShapeBucket, bucket_of
 from attngen.db import schema
-from attngen.devices import PROFILES, canonical
+from attngen import devices
+from attngen.devices import canonical
 from attngen.families import FAMILIES, family as family_of
 from attngen.spec import KernelSpec, SpecEntry, SpecError, load_spec, spec_files
 from attngen.tuning.sampling import valid_space
@@ -35,7 +36,7 @@ class TuneError(RuntimeError):
 
 
 class NoDevice(TuneError):
-    """The machine lacks what tuning needs: no CUDA GPU, or a GPU in no device class (exit code 1)."""
+    """The machine lacks what tuning needs: no CUDA GPU, or one older than sm80 (exit code 1)."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def plan(opts: TuneOptions) -> list[Target]:
     from attngen.codegen.naming import kernel_hash
     from attngen.codegen.render import render  # jinja2: the tuner may import it
 
-    profile = PROFILES[canonical(opts.device)]
+    profile = devices.profile(canonical(opts.device))
     try:
         files = [f for t in (opts.specs or [env.specs_dir()]) for f in spec_files(t)]
         loaded = [load_spec(f) for f in files]

@@ -76,15 +76,16 @@ class Tuner:
         return info
 
     def resolve_device(self) -> None:
-        """opts.device becomes a class name: `auto` the class of the GPU tuning runs on, an alias
-        (sm90, sm80) its class (h100, a100)."""
+        """opts.device becomes a class name: `auto` the class of the GPU tuning runs on (its
+        profile's, or sm<cc> of a newer GPU no profile holds: devices.own_class), an alias (sm90,
+        sm80) its class (h100, a100)."""
         try:
             name = devices.canonical(self.opts.device)
         except ValueError as exc:
             raise TuneError(str(exc)) from None
         if name == devices.AUTO:
             info = self._probe()
-            name = devices.class_of_capability(*info.capability)
+            name = devices.own_class(*info.capability)
             if name is None:
                 raise NoDevice(f"GPU {info.index}: {devices.no_class_message(info.gpu_name, info.capability)}")
         self.opts.device = name

@@ -30,6 +30,10 @@ def l40s(index: int = 0) -> DeviceInfo:
     return DeviceInfo("NVIDIA L40S (fake)", (8, 9), "570.00", "12.8", "2.11.0", "3.6.0", index)
 
 
+def t4(index: int = 0) -> DeviceInfo:
+    return DeviceInfo("Tesla T4 (fake)", (7, 5), "570.00", "12.8", "2.11.0", "3.6.0", index)
+
+
 def b200(index: int = 0) -> DeviceInfo:
     return DeviceInfo("NVIDIA B200 (fake)", (10, 0), "570.00", "12.8", "2.11.0", "3.6.0", index)
 

@@ -233,14 +233,51 @@ def test_auto_on_an_ada_gpu_tunes_the_sm80_kernels_under_sm89(tmp_path, capsys):
     assert (w.uri, w.device_class) == (URI.replace("_sm90", "_sm80"), "sm89")
 
 
-def test_a_gpu_in_no_class_is_exit_1_and_says_what_runs_there(tmp_path, capsys):
+def test_auto_on_a_gpu_no_profile_holds_tunes_the_sm80_kernels_under_its_own_class(tmp_path, small_space, monkeypatch,
+                                                                                 capsys):
+    """A newer GPU (a B200, sm100) runs the sm80 kernels; `--device auto` tunes them there under
+    the class sm100, and the runtime serves that winner to such a GPU (dispatch.device_class is
+    sm100 there too). `--device sm100` names it; an H200 is not one."""
+    from attngen.buckets import parse_bucket
+    from attngen.db import winners
+    from attngen.runtime import dispatch, loader
+
+    db = tmp_path / "t.sqlite"
+    uri = URI.replace("_sm90", "_sm80")
+    argv = tune_argv(db, trials=8)
+    del argv[argv.index("--device"):argv.index("--device") + 2]
+    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:b200"
+    argv[argv.index(URI)] = uri
+    assert cli(argv) == 0, capsys.readouterr().err
+    with dbs.Store(str(db), "read") as st, st.session() as s:
+        (w,) = dbs.where_winners(s)
+    assert (w.uri, w.device_class, w.gpu_name) == (uri, "sm100", "NVIDIA B200 (fake)")
+    assert w.time_ms < 0.9 * w.default_time_ms  # a winner the runtime serves (past winners.MIN_GAIN)
+    monkeypatch.setenv("ATTNGEN_DB", str(db))
+    winners.reset()
+    try:
+        spec = SPEC.replace(target="sm80")
+        cfg, source = dispatch.select_config(spec, loader.load(spec).KERNEL_HASH, "sm100", parse_bucket(BUCKET))
+        assert (source, dataclasses.asdict(cfg)) == ("tuned", w.config)
+        assert dispatch.select_config(spec, loader.load(spec).KERNEL_HASH, "sm120", parse_bucket(BUCKET))[1] == "default"
+    finally:
+        monkeypatch.delenv("ATTNGEN_DB")
+        winners.reset()
+    capsys.readouterr()
+    argv = tune_argv(tmp_path / "u.sqlite", "--device", "sm100")
+    argv[argv.index(URI)] = uri
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attngen tune: GPU 0 is NVIDIA H200 (fake) (sm90, class h100); --device sm100 needs sm100"), err
+
+
+def test_a_gpu_older_than_sm80_is_exit_1_and_says_why(tmp_path, capsys):
     db = tmp_path / "t.sqlite"
     argv = tune_argv(db, "--device", "auto")
-    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:b200"
+    argv[argv.index(f"{FAKES}:h200")] = f"{FAKES}:t4"
     assert cli(argv) == 1
     err = capsys.readouterr().err
-    assert err.startswith("attngen tune: GPU 0: NVIDIA B200 (fake) (sm100) is in no device class"), err
-    assert "sm89 (L4, L40S, RTX 40)" in err and "the sm80 kernels there with their default configs" in err
+    assert err.startswith("attngen tune: GPU 0: Tesla T4 (fake) (sm75) is older than sm80"), err
     assert not db.exists()
 
 
