@@ -76,12 +76,12 @@ def host_profile(out: dict, name: str, steps: int = 40) -> None:
     import io
     import pstats
 
-    from launch_overhead import host_us  # benchmarks/: the script's own folder
+    from attngen.bench.run import host_us
 
     case = CASES_BY_NAME[name]
     x = make_inputs(case, torch.bfloat16, torch.device("cuda"), "fwdbwd")
     step = make_step(_prepare_attngen(case, x, "fwdbwd"), "fwdbwd")
-    host = host_us(step, steps)
+    host = host_us(step, steps)[0]
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
