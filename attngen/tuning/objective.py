@@ -52,9 +52,10 @@ class DeviceLost(RuntimeError):
         self.hung = hung
 
 
-# seconds a config's first (checked) run may take before it is taken for a kernel that never ends
-# (a deadlocked producer / consumer ring, 2026-12-04); the slowest valid config of the largest
-# tuning bucket finishes in well under a second on the H200
+# seconds a config's first (checked) run may take on the GPU (its compile comes before) before it
+# is taken for a kernel that never ends (a deadlocked producer / consumer ring, 2026-12-04): far
+# above any real run (a backward of the largest default bucket, S16k and 128 heads, is about
+# 4.4e13 flops: about a second at 50 TFLOP/s)
 HANG_S = 120.0
 
 
