@@ -177,21 +177,24 @@ def _fresh(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def test_version_imports_no_torch_and_is_quick(tmp_path):
-    """`attngen --version` imports neither torch nor triton and answers in under 0.3 s (a fresh
-    process; timed from the import of attngen.cli), and neither do the usage and a command's help."""
-    proc = _fresh("import sys, time\n"
-                  "t = time.perf_counter()\n"
+    """`attngen --version` imports neither torch nor triton nor any other heavy package, and neither
+    do the usage and a command's help (a fresh process). Quick is counted, not timed: the modules
+    `--version` imports (22 in 15 ms on the development machine; a wall-clock bound failed now and
+    then on a loaded 2-core CI machine) stay under 60."""
+    proc = _fresh("import sys\n"
+                  "before = set(sys.modules)\n"
                   "from attngen.cli import main\n"
                   "code = main(['--version'])\n"
-                  "took = time.perf_counter() - t\n"
+                  "new = len(set(sys.modules) - before)\n"
                   "codes = (code, main([]), main(['db', 'show', '--help']))\n"
-                  "heavy = [m for m in ('torch', 'triton') if m in sys.modules]\n"
-                  "print(codes, heavy, took)\n", tmp_path)
+                  "heavy = [m for m in ('torch', 'triton', 'numpy', 'jinja2', 'sqlalchemy', 'optuna')\n"
+                  "         if m in sys.modules]\n"
+                  "print(codes, heavy, new)\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("attngen ")
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("(0, 0, 0) [] "), proc.stdout
-    assert float(last.rsplit(" ", 1)[1]) < 0.3, f"--version took {last.rsplit(' ', 1)[1]} s"
+    assert int(last.rsplit(" ", 1)[1]) < 60, f"--version imported {last.rsplit(' ', 1)[1]} modules"
 
 
 def test_the_console_entry_point_is_main():
