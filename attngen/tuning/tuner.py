@@ -246,32 +246,33 @@ def tune(opts: TuneOptions, timer=None, probe=None) -> int:
     tuner = Tuner(opts, timer, probe)
     from attngen.tuning.objective import DeviceLost
 
+    def pack() -> None:  # the file alone is the database, however the run ended
+        if opts.worker is None:
+            dbs.Store(opts.url, "write").pack()
+
+    lost = None
     try:
         targets = plan(opts)
         tuner.progress = RichProgress(len(targets)) if live else Progress(prefix, opts.quiet)
         with tuner.interrupt:
             reports = tuner.run()
     except DeviceLost as exc:
-        if tuner.progress:
-            tuner.progress.close()
-            tuner.progress = None
-        if opts.worker is None:
-            dbs.Store(opts.url, "write").pack()
-        print(f"{prefix}attngen tune: {exc}", file=sys.stderr, flush=True)
-        if exc.hung:  # a kernel still runs: CUDA's teardown at exit would wait for it forever
-            sys.stdout.flush()
-            os._exit(1)
-        return 1
+        lost = exc
     except KeyboardInterrupt:
         print(f"{prefix}interrupted: every finished trial is in {schema.redact(opts.url)}; "
               f"`attngen tune ... --resume` continues", file=sys.stderr, flush=True)
-        if opts.worker is None:  # the file alone is the database, interrupted or not
-            dbs.Store(opts.url, "write").pack()
+        pack()
         return 130
     finally:
         if tuner.progress:
             tuner.progress.close()
+    pack()
+    if lost is not None:
+        print(f"{prefix}attngen tune: {lost}", file=sys.stderr, flush=True)
+        if lost.hung:  # a kernel still runs: CUDA's teardown at exit would wait for it forever
+            sys.stdout.flush()
+            os._exit(1)
+        return 1
     if opts.worker is None:
-        dbs.Store(opts.url, "write").pack()
         summary(reports, time.monotonic() - t0, opts)
     return 0
