@@ -158,6 +158,16 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # byte permutes: an 8-bit register tensor unpacked into bytes and packed again (a layout change
     # of fp8 data, or one carried over a loop)
     rep["byte_permutes"] = len(re.findall(r"\bprmt\.b32\b", ptx))
+    # programmatic dependent launch: the launch attribute, and the grid-dependency instructions
+    # in the PTX in their order ("wait": before reading the previous kernel's outputs,
+    # "launch_dependents": the next kernel may start), with the line of the first global read
+    rep["launch_pdl"] = bool(getattr(ck.metadata, "launch_pdl", False))
+    rep["griddepcontrol"] = re.findall(r"griddepcontrol\.(\w+)", ptx)
+    lines = ptx.splitlines()
+    first = {name: next((i for i, line in enumerate(lines) if re.search(pat, line)), None)
+             for name, pat in (("wait", r"griddepcontrol\.wait"),
+                               ("read", r"\bld\.global|cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global"))}
+    rep["wait_before_reads"] = first["read"] is None or (first["wait"] is not None and first["wait"] < first["read"])
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     cubin = tmp / "k.cubin"
     cubin.write_bytes(ck.asm["cubin"])
@@ -214,13 +224,16 @@ def main(argv=None) -> int:
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
     if args.family == "fwd_fp8":  # the prologue (Q rotated, and not), then the attention launch (dense)
+        # with programmatic dependent launch, as an sm90 GPU runs them (fwd_fp8.pdl)
         bufs = fwd_fp8.alloc(fwd_fp8.buffers(spec, q, k, v, False), q.device)
         launches = fwd_fp8.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
-                                        bufs["KScale"], bufs["VScale"], out, lse, margs, cfg, gluon=True)
+                                        bufs["KScale"], bufs["VScale"], out, lse, margs, cfg, gluon=True,
+                                        use_pdl=True)
         rot = fwd_fp8.rotation(fwd_fp8.qk_width(spec), fwd_fp8.ROTATION_SEED, dt, q.device)
         perm = fwd_fp8.key_order16(mod, launches)
-        quant = fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=perm)
-        launches = [quant[0], quant[2], fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, None)[0], *launches]
+        quant = fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=perm, use_pdl=True)
+        launches = [quant[0], quant[2], fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, None, use_pdl=True)[0],
+                    *launches]
     elif args.family == "fwd" and args.varlen:
         packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)

@@ -268,8 +268,23 @@ def quant_warps(width: int) -> int:
     return 8 if width <= 128 else 16
 
 
+def pdl(t) -> bool:
+    """Whether launches on t's device use programmatic dependent launch: an sm90 (or newer) GPU
+    (`griddepcontrol` is sm90 PTX; the interpreter runs no inline assembly). The prologue lets
+    the attention kernel launch as its programs leave, and the attention kernel waits for it
+    inside (templates/_common.py.jinja's gdc_launch / gdc_wait)."""
+    return t.device.type == "cuda" and _capability(t.device.index or 0) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    import torch
+
+    return torch.cuda.get_device_capability(index)
+
+
 def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int, extra: dict,
-                 warps: int) -> Launch:
+                 warps: int, use_pdl: bool | None = None) -> Launch:
     """A launch of one of the prologue's row kernels (templates/attn_fwd_fp8.py.jinja's
     quant_kernel: `entry`) from x (dense (B, H, S, D) or packed (T, H, D)) into tgt, V^T (keys
     contiguous) for name "v"; `extra`: the kernel's own parameters (descales, rotation, constexprs)."""
@@ -291,13 +306,13 @@ def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int,
         "stride_xz": xs[0], "stride_xh": xs[1], "stride_xm": xs[2], "stride_xk": xs[3],
         "stride_yz": ys[0], "stride_yh": ys[1], "stride_ym": ys[2], "stride_yk": ys[3],
         "num_heads": x.shape[1], "seqlen": seqlen, "store_len": store_len, "num_blocks": blocks,
-        "BLOCK": SCALE_BLOCK, **extra,
+        "BLOCK": SCALE_BLOCK, "PDL": pdl(x) if use_pdl is None else use_pdl, **extra,
     }
     return Launch.of(mod, entry, programs(blocks, zh, name) if rows else 0, values, warps, 1)
 
 
 def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
-                   max_q: int = 0, max_k: int = 0, perm16: bool = False) -> list[Launch]:
+                   max_q: int = 0, max_k: int = 0, perm16: bool = False, use_pdl: bool | None = None) -> list[Launch]:
     """The prologue as three launches (prologue_launch fuses them): Q and K rotated (rot:
     rotation(qk_width, seed, q.dtype, device); None: no rotation) and quantized, V quantized and
     transposed, into `bufs` (buffers()' names -> tensors); perm16: V^T's keys in the Gluon
@@ -310,7 +325,7 @@ def quant_launches(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, 
         tgt = bufs["Vt" if name == "v" else name.upper() + "8"]
         entry = "_fp8_quant_v" if name == "v" else "_fp8_quant_qk"
         warps = quant_warps(x.shape[-1] if name == "v" else qk_width(spec))
-        out.append(_rows_launch(mod, entry, x, tgt, name, cu, max_s, extra, warps))
+        out.append(_rows_launch(mod, entry, x, tgt, name, cu, max_s, extra, warps, use_pdl))
     return out
 
 
@@ -323,13 +338,14 @@ _FUSED_NAMES = {"X": "{t}", "X8": "{y}", "Scale": "{t8}Scale", "cu_seqlens": "cu
 
 
 def prologue_launch(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
-                    max_q: int = 0, max_k: int = 0, perm16: bool = False) -> Launch:
+                    max_q: int = 0, max_k: int = 0, perm16: bool = False, use_pdl: bool | None = None) -> Launch:
     """The prologue in one launch (`_fp8_quant_qkv`: quant_launches' three kernels as one grid,
     Q's programs first, then K's, then V's), its tensors under the attention plan's names (q, k,
-    v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k)."""
-    parts = quant_launches(mod, spec, q, k, v, bufs, rot, cu_q, cu_k, max_q, max_k, perm16)
+    v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k). use_pdl (None: pdl(q))
+    lets the attention launch start as the prologue's programs leave."""
+    parts = quant_launches(mod, spec, q, k, v, bufs, rot, cu_q, cu_k, max_q, max_k, perm16, use_pdl)
     values = {"Rot": rot, "progs_q": parts[0].grid, "progs_k": parts[1].grid, "BLOCK": SCALE_BLOCK,
-              "ROTATE": rot is not None, "PERM16": perm16}
+              "ROTATE": rot is not None, "PERM16": perm16, "PDL": parts[0].values["PDL"]}
     for la, t, y, c in zip(parts, "qkv", ("Q8", "K8", "Vt"), "qkk"):
         names = {n: f.format(t=t, y=y, t8=t.upper(), c=c) for n, f in _FUSED_NAMES.items()}
         values.update({names[n]: val for n, val in la.values.items() if n in names})
@@ -337,26 +353,28 @@ def prologue_launch(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot,
                      max(la.num_warps for la in parts), 1)
 
 
-def copy_v_launch(mod: ModuleType, v, vt, perm16: bool) -> Launch:
+def copy_v_launch(mod: ModuleType, v, vt, perm16: bool, use_pdl: bool | None = None) -> Launch:
     """A caller's e4m3 V (B, H, S, D) into V^T (B, H, D, S_pad) (keys contiguous, zero padding; in
     the Gluon kernel's key order when perm16) by the module's copy kernel `_fp8_copy_v`."""
     # 8 warps: B1 H16 S16384 on the H200, hd128 22.9 us (4 warps 36.6, 16 warps 25.4), hd256 40.0
     # (4 warps 633: a 128 x 256 tile at 4 warps spills; 16 warps 42.2); PyTorch's strided copy
     # (transpose_v) 208 / 389 (benchmarks/ab/h200_ab_fp8_copy_v_2026-12-04.json)
-    return _rows_launch(mod, "_fp8_copy_v", v, vt, "v", None, 0, {"PERM16": perm16}, 8)
+    return _rows_launch(mod, "_fp8_copy_v", v, vt, "v", None, 0, {"PERM16": perm16}, 8, use_pdl)
 
 
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
                  cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
-                 gluon: bool | None = None) -> list[Launch]:
+                 gluon: bool | None = None, use_pdl: bool | None = None) -> list[Launch]:
     """The attention launch over fp8 tensors. Dense: q8 (B, Hq, Sq, W), k8 (B, Hkv, Sk, W), vt
     (B, Hkv, Dv, S_pad), out (B, Hq, Sq, Dv) any strides, lse (B, Hq, Sq). Packed: q8 (Tq, Hq, W),
     k8 (Tk, Hkv, W), vt (Hkv, Dv, T_pad), out (Tq, Hq, Dv), lse (Hq, Tq). Descales qs (B or docs,
     Hq, blocks), ks / vs (B or docs, Hkv, blocks), the same strides for ks and vs (a 0 block stride:
     one per head). gluon: whether the Gluon kernel may serve (cfg.consumers > 0; None: on a GPU
     only, Triton's interpreter does not run Gluon; the compile probe says True); a call it cannot
-    take runs the Triton kernel's config ws_fallback(cfg)."""
+    take runs the Triton kernel's config ws_fallback(cfg). use_pdl (None: pdl(q8)): launched with
+    programmatic dependent launch, waiting inside for the kernel before it (the prologue)."""
     require_valid(spec, cfg, check_fp8)
+    use_pdl = pdl(q8) if use_pdl is None else use_pdl
     if ks.stride() != vs.stride():
         raise ValueError(f"k and v descales need the same strides, got {ks.stride()} and {vs.stride()}")
     packed = cu_seqlens_q is not None
@@ -376,20 +394,20 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q8, k8, vt, out, lse),
         "GQA": spec.gqa_ratio, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
         "IMPRECISE_QK": 32 if cfg.precise_acc else context(spec)["fp8_qk_tiles"][0]["width"],
-        "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n,
+        "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n, "PDL": use_pdl,
     }
     if cfg.consumers:
         ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon)
         if ws is not None:
             grid, ws_values, descs = ws
             return [Launch.of(mod, "_attn_fwd_fp8_ws", grid, ws_values, cfg.num_warps, 1, descs,
-                              maxnreg=ws_fp8_maxnreg(spec, cfg))]
+                              maxnreg=ws_fp8_maxnreg(spec, cfg), pdl=use_pdl)]
         cfg = ws_fallback(spec, cfg, "cpu" if q8.device.type == "cpu" else "cuda")
         require_valid(spec, cfg, check_fp8)
         blocks = -(-rows // cfg.block_m)
         values.update(num_m_blocks=blocks, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
     grid = programs(blocks, bh, "q") if rows and bh else 0
-    return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages)]
+    return [Launch.of(mod, "_attn_fwd_fp8", grid, values, cfg.num_warps, cfg.num_stages, pdl=use_pdl)]
 
 
 ALLOC_ALIGN = 128  # bytes between buffers of one allocation (TMA wants 16-byte aligned bases)

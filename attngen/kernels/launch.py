@@ -58,13 +58,16 @@ class Launch:
     maxnreg: int = 0
     # the entry point's ABI record ((parameter, role), ...), as the module exports it
     params: tuple = ()
+    # launched with programmatic dependent launch (sm90): it may start while the kernel before it
+    # finishes, and waits for it inside (the kernel's PDL constexpr, templates/_common.py.jinja)
+    pdl: bool = False
 
     @classmethod
     def of(cls, mod, name: str, grid: int, values: dict, num_warps: int, num_stages: int,
-           descriptors: dict | None = None, scratch: bool = False, maxnreg: int = 0) -> "Launch":
+           descriptors: dict | None = None, scratch: bool = False, maxnreg: int = 0, pdl: bool = False) -> "Launch":
         """The launch of entry point `name` of the generated module `mod`, bound through its ABI."""
         return cls(getattr(mod, name), grid, values, num_warps, num_stages, descriptors, scratch, maxnreg,
-                   mod.ABI[name])
+                   mod.ABI[name], pdl)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -76,6 +79,8 @@ class Launch:
         opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.maxnreg:
             opts["maxnreg"] = self.maxnreg
+        if self.pdl:
+            opts["launch_pdl"] = True
         return opts
 
     @property

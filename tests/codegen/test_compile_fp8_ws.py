@@ -32,6 +32,12 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     # the prologue (Q rotated, V, Q not rotated) compiles without spilling
     assert [r["kernel"] for r in prologue] == ["_fp8_quant_qk", "_fp8_quant_v", "_fp8_quant_qk"], prologue
     assert all(r.get("spill_stores") == 0 for r in prologue), prologue
+    # programmatic dependent launch (as an sm90 GPU runs them): each prologue kernel lets the next
+    # launch start, the attention kernel is launched with the attribute and every partition (the
+    # consumers and the producer) waits for the prologue before its first global read
+    assert all(r["griddepcontrol"] == ["launch_dependents"] for r in prologue), prologue
+    assert ws["launch_pdl"] and ws["griddepcontrol"] == ["wait"] * (cfg.consumers + 1), ws
+    assert ws["wait_before_reads"], ws
     assert ws["kernel"] == "_attn_fwd_fp8_ws", ws
     assert ws["wgmma_types"] == ["f32.e4m3.e4m3"] and all("k32" in w for w in ws["wgmma"]), ws
     assert 1 in ws["wait_groups"], ws  # Q.K^T waited for with P.V in flight
@@ -130,3 +136,37 @@ def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
     assert slow.fn.__name__ == "_attn_fwd_fp8" and slow.values["BLOCK_M"] == F.triton_fp8_config(spec, "cpu").block_m
     # the prologue writes V^T in the Gluon kernel's key order exactly when that kernel runs
     assert F.key_order16(mod, [ws]) and not F.key_order16(mod, [cpu]) and not F.key_order16(mod, [slow])
+
+
+def test_fp8_launches_use_programmatic_dependent_launch_on_sm90_only():
+    """fwd_fp8.pdl decides: CPU tensors (Triton's interpreter) get no PDL launch and PDL=False in
+    every kernel (the interpreter runs no inline assembly); asked for it (an sm90 GPU), the
+    prologue's kernels carry PDL=True without the launch attribute (they let the next launch
+    start) and the attention launch carries both (Triton's launch_pdl option)."""
+    import math
+
+    import torch
+
+    from attngen.families import fwd_fp8 as F
+    from attngen.kernels.common import MaskArgs
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 128, 128, 1, "causal")
+    mod = loader.load(spec)
+    q = k = v = torch.empty(1, 2, 256, 128, dtype=torch.bfloat16)
+    assert not F.pdl(q)
+    bufs = F.alloc(F.buffers(spec, q, k, v, False), "cpu")
+    rot = F.rotation(128, 0, q.dtype, "cpu")
+    margs = MaskArgs(1 / math.sqrt(128), 0.0, -1, 0, False)
+    lse = torch.empty(1, 2, 256)
+    for use, gluon in ((None, None), (True, True), (True, None)):
+        pro = F.prologue_launch(mod, spec, q, k, v, bufs, rot, use_pdl=use)
+        (attn,) = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
+                                 bufs["VScale"], torch.empty_like(q), lse, margs, F.WS_FP8_DEFAULT, gluon=gluon,
+                                 use_pdl=use)
+        on = bool(use)
+        assert attn.fn.__name__ == ("_attn_fwd_fp8_ws" if gluon else "_attn_fwd_fp8")
+        assert pro.values["PDL"] is on and not pro.pdl and "launch_pdl" not in pro.options
+        assert attn.values["PDL"] is on and attn.pdl is on and attn.options.get("launch_pdl", False) is on
+        assert F.copy_v_launch(mod, v.to(torch.float8_e4m3fn), bufs["Vt"], False, use_pdl=use).values["PDL"] is on

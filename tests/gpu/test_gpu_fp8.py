@@ -130,3 +130,37 @@ def test_gpu_attention_fp8_descales_compile_and_graph():
         q.copy_(torch.randn_like(q))
         g.replay()
         torch.testing.assert_close(graphed, fn(q, k, v), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("consumers", [0, 1, 2])
+def test_gpu_fp8_programmatic_dependent_launch(monkeypatch, consumers):
+    """On sm90 the attention launch follows the prologue with programmatic dependent launch (its
+    programs may start while the prologue's last ones run, and wait inside for its outputs): the
+    compiled attention kernel carries the launch attribute, and its outputs are bit for bit those
+    of the same plan built without it, over repeated calls whose prologue is long (B2 H8 S4096:
+    a wait placed after a read would read the previous call's or unwritten e4m3 tensors)."""
+    from attngen.runtime import fp8 as rt_fp8
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm90")
+    cfg = {0: f8.Fp8Config(128, 64, 8, 3), 1: f8.WS_FP8_ONE, 2: f8.WS_FP8_DEFAULT}[consumers]
+    q, k, v = random_inputs((2, 8, 4096, 128), (2, 4, 4096, 128), (2, 4, 4096, 128), dtype=torch.bfloat16,
+                            device=DEV, seed=43)
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(f8, "pdl", lambda t, on=on: on)
+        rt_fp8._FAST.clear(), rt_fp8._PLANS.clear()
+        outs = []
+        with torch.no_grad(), dispatch.forced_config(fwd_fp8=cfg):
+            for i in range(4):  # fresh inputs between calls: each call's prologue rewrites its buffers
+                qi, ki, vi = (x * (1 + i / 8) for x in (q, k, v))
+                outs.append(attngen.attention(qi, ki, vi, causal=True, precision="fp8", return_lse=True))
+        plan = list(rt_fp8._PLANS.values())[-1]
+        attn = plan.launches[-1]
+        assert attn.fn.__name__ == ("_attn_fwd_fp8_ws" if consumers else "_attn_fwd_fp8")
+        assert bool(attn.kernel.metadata.launch_pdl) is on and not plan.launches[0].kernel.metadata.launch_pdl
+        got[on] = outs
+    for (o1, l1), (o0, l0) in zip(got[True], got[False]):
+        assert torch.equal(o1, o0) and torch.equal(l1, l0)
+    ref = _refs(q, k, v, causal=True)
+    f8t.check_outputs("pdl", *got[True][0], ref)

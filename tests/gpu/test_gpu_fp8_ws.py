@@ -206,7 +206,9 @@ def test_causal_tile_orders_compute_the_same_output(monkeypatch, D, cfg):
         with dispatch.forced_config(fwd_fp8=cfg):
             got[lpt] = attngen.attention(q, k, v, causal=True, precision="fp8", return_lse=True)
         plan = list(rt_fp8._PLANS.values())[-1]
-        assert plan.launches[-1].fn.__name__ == "_attn_fwd_fp8_ws" and plan.launches[-1].tail[-1] is lpt
+        la = plan.launches[-1]
+        names = [n for n, _ in plan.module.ABI[la.fn.__name__]][len(la.tensor_names):]
+        assert la.fn.__name__ == "_attn_fwd_fp8_ws" and dict(zip(names, la.tail))["LPT"] is lpt
     assert torch.equal(got[True][0], got[False][0]) and torch.equal(got[True][1], got[False][1])
     ref, _ = attention_ref(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), causal=True)
     emul, _ = f8t.emulate(q, k, v, causal=True)
