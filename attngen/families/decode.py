@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from attngen.families.base import Family, _pow2, require_valid
-from attngen.kernels.launch import Launch, programs
+from attngen.kernels.launch import Launch, pdl, programs
 from attngen.spec import KernelSpec
 
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
@@ -139,14 +139,18 @@ def variants(spec: KernelSpec) -> dict[str, bool]:
 
 def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
-                    new_len: int = 0, k_descale=None, v_descale=None) -> list:
+                    new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
     (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
     block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
     partial_shapes() (unused with one split). cache_seqlens (B,) int32: keys already in each
     row's cache (new_len more are seen by this call), or None: every row holds k_cache.shape[1]
-    keys. An e4m3 cache: k_descale / v_descale fp32 (B, Hkv) or None (1.0)."""
+    keys. An e4m3 cache: k_descale / v_descale fp32 (B, Hkv) or None (1.0). use_pdl (None:
+    kernels.launch.pdl(q), sm90 GPUs): a split call's combine launch follows the split kernel with
+    programmatic dependent launch (it starts as the split kernel's programs leave and waits inside
+    for their partial results)."""
     require_valid_decode(spec, cfg)
+    use_pdl = pdl(q) if use_pdl is None else use_pdl
     B, sq, hq, _ = q.shape
     hkv = k_cache.shape[2]
     paged = block_table is not None
@@ -171,15 +175,17 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
         "SPLIT": split, "K_DESCALE": k_descale is not None, "V_DESCALE": v_descale is not None,
+        "PDL": use_pdl and split,
     }
     grid = programs(num_splits * hkv, B, "q") if B and sq else 0
     launches = [Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages)]
     if split:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
                                           "stride_lz", "stride_lh", "stride_lm", "num_kv_heads", "seqlen_q",
-                                          "num_splits", "GQA", "BLOCK_M")}
+                                          "num_splits", "GQA", "BLOCK_M", "PDL")}
         combine["BLOCK_S"] = max(2, 1 << (num_splits - 1).bit_length())
-        launches.append(Launch.of(mod, "_attn_decode_combine", B * hkv if grid else 0, combine, 4, 1))
+        launches.append(Launch.of(mod, "_attn_decode_combine", B * hkv if grid else 0, combine, 4, 1,
+                                  pdl=use_pdl))
     return launches
 
 

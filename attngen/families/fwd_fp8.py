@@ -23,6 +23,7 @@ from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, next_po
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, call_extent, has_entry, lse_strides, needs_int64, programs, strides4,
                                     tma_descriptors)
+from attngen.kernels.launch import pdl as launch_pdl
 from attngen.spec import KernelSpec
 
 PROLOGUE = ("_fp8_quant_qkv", "_fp8_quant_qk", "_fp8_quant_v")  # prologue_launch's, quant_launches' entry points
@@ -269,18 +270,10 @@ def quant_warps(width: int) -> int:
 
 
 def pdl(t) -> bool:
-    """Whether launches on t's device use programmatic dependent launch: an sm90 (or newer) GPU
-    (`griddepcontrol` is sm90 PTX; the interpreter runs no inline assembly). The prologue lets
-    the attention kernel launch as its programs leave, and the attention kernel waits for it
-    inside (templates/_common.py.jinja's gdc_launch / gdc_wait)."""
-    return t.device.type == "cuda" and _capability(t.device.index or 0) >= (9, 0)
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    import torch
-
-    return torch.cuda.get_device_capability(index)
+    """Whether this family's launches on t's device use programmatic dependent launch
+    (kernels.launch.pdl: sm90 GPUs): the prologue lets the attention kernel launch as its programs
+    leave, and the attention kernel waits for it inside (templates/_pdl.py.jinja)."""
+    return launch_pdl(t)
 
 
 def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int, extra: dict,

@@ -112,6 +112,18 @@ class Launch:
         return self.fn[(self.grid,)](*self.args(), **self.options)
 
 
+def pdl(t) -> bool:
+    """Whether launches on t's device may use programmatic dependent launch (Launch.pdl and the
+    kernels' PDL constexpr, templates/_pdl.py.jinja): an sm90 or newer GPU (`griddepcontrol` is
+    sm90 PTX; Triton's interpreter runs no inline assembly)."""
+    return t.device.type == "cuda" and _capability(t.device.index or 0) >= (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 def _scratch(size: int, alignment: int, stream):
     import torch
 

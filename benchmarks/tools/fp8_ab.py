@@ -7,6 +7,7 @@ before; the GPU kept busy for 300 ms first), median of triton.testing.do_bench, 
 interleaved, two rounds.
 
     python3 benchmarks/tools/fp8_ab.py --out ab.json --switch fp8_perm=on,off
+    python3 benchmarks/tools/fp8_ab.py --out ab.json --variant fp8_rowsum=f16,fp8_lazy=on   # beside the default
     python3 benchmarks/tools/fp8_ab.py --out ab.json --config 128,128,4,2,consumers=2 \
         --config 128,64,4,4,consumers=2
     python3 benchmarks/tools/fp8_ab.py --out ab.json --templates /tmp/t/templates   # vs a past commit's kernels
@@ -14,7 +15,8 @@ interleaved, two rounds.
         --timed 1,16,2048,128,causal --timed 1,16,4096,128,none         # other timed cases, no grid
 
 --switch name=v1,v2 renders each value of a codegen option (attngen.codegen.render.template_context
-options); --config adds an Fp8Config (M,N,W,S[,field=value...]) beside the Gluon default.
+options; several --switch: every combination); --variant adds one combination of its own;
+--config adds an Fp8Config (M,N,W,S[,field=value...]) beside the Gluon default.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--switch", action="append", default=[], help="name=v1,v2,... (a template switch)")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="name=v[,name=v...]: one more variant, several switches at once (beside --switch's)")
     ap.add_argument("--templates", default=None, help="another templates folder, timed beside the build's")
     ap.add_argument("--config", action="append", default=[], help="M,N,W,S[,field=value...]: an Fp8Config")
     ap.add_argument("--rounds", type=int, default=2)
@@ -81,6 +85,7 @@ def main():
     for sw in args.switch:
         name, values = sw.split("=", 1)
         variants = [{**v, name: val} for v in variants for val in values.split(",")]
+    variants += [dict(kv.split("=", 1) for kv in spec.split(",")) for spec in args.variant]
     configs = [None] + [parse_config(c, F.Fp8Config) for c in args.config]  # None: the Gluon default
     tmp = Path(tempfile.mkdtemp(prefix="attngen_fp8_ab_"))
     mods = {}

@@ -61,7 +61,9 @@ def test_gpu_decode_against_float64(case):
 
 def test_gpu_decode_poisoned_outputs_are_all_written():
     """Through the launcher with NaN-poisoned outputs and partial buffers (several splits, some
-    empty for the short rows)."""
+    empty for the short rows); on sm90 the combine follows the split kernel with programmatic
+    dependent launch (use_pdl None: the launcher's choice; it reads the partial buffers only after
+    waiting for the split kernel), and without it (False) the outputs are the same bits."""
     B, sq, hq, hkv, d, cap = 4, 2, 16, 4, 128, 3000
     spec = KernelSpec("decode", "bf16", "sm90", d, d, hq // hkv, "causal", False, False)
     mod = loader.load(spec)
@@ -70,19 +72,26 @@ def test_gpu_decode_poisoned_outputs_are_all_written():
     lens = [2, 100, 1777, 3000]
     cfg = fd.DecodeConfig(64, 4, 2, 16)
     n, split_len = fd.splits(cfg, B, hkv, cap, 132)
-    out = torch.full((B, sq, hq, d), float("nan"), dtype=torch.bfloat16, device=DEV)
-    lse = torch.full((B, hq, sq), float("nan"), device=DEV)
-    ps, ls = fd.partial_shapes(B, hkv, n, fd.rows_tile(hq // hkv, sq), d)
-    op, lp = torch.full(ps, float("nan"), device=DEV), torch.full(ls, float("nan"), device=DEV)
     mask, wl, wr = mask_kind(True, (-1, -1))
-    for la in fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp,
-                                 MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False), cfg, n, split_len,
-                                 torch.tensor(lens, dtype=torch.int32, device=DEV)):
-        la.run()
     o64, l64 = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
     opt, _ = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
-    assert_flash_rule("poisoned", out, o64, opt, 2.0)
-    assert_lse_close("poisoned lse", lse, l64)
+    got = {}
+    for use_pdl in (None, False):
+        out = torch.full((B, sq, hq, d), float("nan"), dtype=torch.bfloat16, device=DEV)
+        lse = torch.full((B, hq, sq), float("nan"), device=DEV)
+        ps, ls = fd.partial_shapes(B, hkv, n, fd.rows_tile(hq // hkv, sq), d)
+        op, lp = torch.full(ps, float("nan"), device=DEV), torch.full(ls, float("nan"), device=DEV)
+        launches = fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp,
+                                      MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False), cfg, n, split_len,
+                                      torch.tensor(lens, dtype=torch.int32, device=DEV), use_pdl=use_pdl)
+        assert n > 1 and launches[-1].fn.__name__ == "_attn_decode_combine"
+        assert launches[-1].pdl is (use_pdl is None and torch.cuda.get_device_capability() >= (9, 0))
+        for la in launches:
+            la.run()
+        assert_flash_rule(f"poisoned pdl={use_pdl}", out, o64, opt, 2.0)
+        assert_lse_close(f"poisoned pdl={use_pdl} lse", lse, l64)
+        got[use_pdl] = (out, lse)
+    assert torch.equal(got[None][0], got[False][0]) and torch.equal(got[None][1], got[False][1])
 
 
 @pytest.mark.parametrize("paged", [False, True])
