@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.bench.run import TIMING
+from attngen.bench.run import BUSY_MS, TIMING
 from attngen.devices import busy_gpu
 
 PAGE = 16
@@ -95,6 +95,13 @@ def _providers(case: DecodeCase, dtype, device, seed: int = 0):
     out["sdpa-efficient"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
     from torch.nn.attention.flex_attention import flex_attention
 
+    from attngen.bench.providers import configure_dynamo
+
+    # a fresh compile per row, and an error rather than a silent fallback to eager FlexAttention
+    # (which materializes the scores: rows measured that way read 0.1 TB/s, once the rows before
+    # them had used up dynamo's recompile limit)
+    torch._dynamo.reset()
+    configure_dynamo()
     flex = torch.compile(flex_attention, dynamic=False)
     out["flex"] = lambda: flex(qt, kc, vc, enable_gqa=hq != hkv)[:, :, 0]
     return out
@@ -132,6 +139,7 @@ def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None, out: s
                         ref = o
                     elif (o - ref).abs().max().item() > (0.25 if name.endswith("fp8kv") else 2e-2):
                         row["notes"][name] = f"output differs from attngen's by {(o - ref).abs().max().item():.3g}"
+                    busy_gpu(device, BUSY_MS)  # its clocks back up after the first (compiling) call
                     ms = do_bench(bound[name], warmup=timing["warmup_ms"], rep=timing["rep_ms"], return_mode="median")
                 except Exception as exc:  # a backend that cannot take the case: recorded, not fatal
                     row["notes"][name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.bench.run import TIMING
+from attngen.bench.run import BUSY_MS, TIMING
 from attngen.devices import busy_gpu
 
 PROVIDERS = ("attngen-fp8", "attngen-fp8-triton", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel",
@@ -189,6 +189,7 @@ def run(cases, quick: bool = False, providers=None, out: str | None = None) -> d
                         ref = o
                     elif (o - ref).abs().max().item() > 0.25:
                         row["notes"][name] = f"output differs from {names[0]}'s by {(o - ref).abs().max().item():.3g}"
+                    busy_gpu(device, BUSY_MS)  # its clocks back up after the first (compiling) call
                     ms = do_bench(bound[name], warmup=timing["warmup_ms"], rep=timing["rep_ms"], return_mode="median")
                 except Exception as exc:  # a provider that cannot take the case: recorded, not fatal
                     row["notes"][name] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"

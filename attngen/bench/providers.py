@@ -198,7 +198,7 @@ def _sdpa_provider(backend: str) -> Callable[[Case, Inputs, str], Prepared]:
     return prepare
 
 
-def _configure_dynamo() -> None:
+def configure_dynamo() -> None:
     """Never let a compiled FlexAttention silently fall back to eager (the failure in the first
     anchors file): a high recompile limit, and an error instead of a fallback when it is hit."""
     cfg = torch._dynamo.config
@@ -237,7 +237,7 @@ def _prepare_flex(case: Case, x: Inputs, mode: str) -> Prepared:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._dynamo.reset()  # a fresh compile per case and mode: no recompile limit to hit
-    _configure_dynamo()
+    configure_dynamo()
     mask_mod = _flex_mask_mod(case, x)
     block_mask = None
     if mask_mod is not None:

@@ -19,6 +19,10 @@ from attngen.bench.providers import (REFERENCE, Inputs, Prepared, Provider, Unsu
                                      sync)
 
 TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "rep_ms": 20}}
+# GPU work (ms) before a provider's timing in the decode and fp8 benches, after its first call: that
+# call may compile (Triton, FlexAttention) while the GPU idles and clocks down, and the first rows
+# of a process read 3-10x slow for every provider without it (H200, 2026-12-04)
+BUSY_MS = 200.0
 # Max |out - attngen's out| above which a row's check is marked failed (informational, not fatal).
 OUT_TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
