@@ -23,7 +23,9 @@ from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, next_po
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (Launch, call_extent, has_entry, lse_strides, needs_int64, programs, strides4,
                                     tma_descriptors)
-from attngen.kernels.launch import pdl as launch_pdl
+# pdl(t): programmatic dependent launch on t's device (sm90): the prologue lets the attention
+# kernel launch as its programs leave, and the attention kernel waits for it inside
+from attngen.kernels.launch import pdl
 from attngen.spec import KernelSpec
 
 PROLOGUE = ("_fp8_quant_qkv", "_fp8_quant_qk", "_fp8_quant_v")  # prologue_launch's, quant_launches' entry points
@@ -267,13 +269,6 @@ def quant_warps(width: int) -> int:
     """The prologue's warps for a block of SCALE_BLOCK rows x `width` columns: 64 fp32 values a
     thread (at 4 warps ptxas spilled 300-470 bytes a thread at hd128; attngen.bench.probe)."""
     return 8 if width <= 128 else 16
-
-
-def pdl(t) -> bool:
-    """Whether this family's launches on t's device use programmatic dependent launch
-    (kernels.launch.pdl: sm90 GPUs): the prologue lets the attention kernel launch as its programs
-    leave, and the attention kernel waits for it inside (templates/_pdl.py.jinja)."""
-    return launch_pdl(t)
 
 
 def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int, extra: dict,

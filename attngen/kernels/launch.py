@@ -116,11 +116,12 @@ def pdl(t) -> bool:
     """Whether launches on t's device may use programmatic dependent launch (Launch.pdl and the
     kernels' PDL constexpr, templates/_pdl.py.jinja): an sm90 or newer GPU (`griddepcontrol` is
     sm90 PTX; Triton's interpreter runs no inline assembly)."""
-    return t.device.type == "cuda" and _capability(t.device.index or 0) >= (9, 0)
+    return t.device.type == "cuda" and capability(t.device.index or 0) >= (9, 0)
 
 
 @functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
+def capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device `index` (asked once per device)."""
     return torch.cuda.get_device_capability(index)
 
 

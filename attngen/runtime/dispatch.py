@@ -22,6 +22,7 @@ from attngen.families import family
 from attngen.spec import TARGETS, KernelSpec
 from attngen.buckets import ShapeBucket
 from attngen.devices import CPU_CLASS, own_class, target_of_capability
+from attngen.kernels.launch import capability as _capability
 
 DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -99,11 +100,6 @@ def device_target(device: torch.device) -> str:
 
 def _index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
 
 
 def _capability_target(major: int, minor: int) -> str:
