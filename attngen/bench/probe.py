@@ -168,6 +168,12 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
              for name, pat in (("wait", r"griddepcontrol\.wait"),
                                ("read", r"\bld\.global|cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global"))}
     rep["wait_before_reads"] = first["read"] is None or (first["wait"] is not None and first["wait"] < first["read"])
+    # the reads ahead of the first wait, by kind (a kernel that quantizes Q itself reads the caller's
+    # q and the rotation, no output of the kernel before it, by TMA before waiting)
+    ahead = lines[:first["wait"]] if first["wait"] is not None else lines
+    rep["reads_before_wait"] = {"ld.global": sum(bool(re.search(r"\bld\.global", x)) for x in ahead),
+                                "tma": sum(bool(re.search(r"cp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global", x))
+                                           for x in ahead)}
     cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     cubin = tmp / "k.cubin"
     cubin.write_bytes(ck.asm["cubin"])
@@ -225,15 +231,17 @@ def main(argv=None) -> int:
                      align_top_left=False)
     if args.family == "fwd_fp8":  # the prologue (Q rotated, and not), then the attention launch (dense)
         # with programmatic dependent launch, as an sm90 GPU runs them (fwd_fp8.pdl)
+        # and last the attention launch that quantizes Q itself (attention(precision="fp8")'s)
         bufs = fwd_fp8.alloc(fwd_fp8.buffers(spec, q, k, v, False), q.device)
-        launches = fwd_fp8.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
-                                        bufs["KScale"], bufs["VScale"], out, lse, margs, cfg, gluon=True,
-                                        use_pdl=True)
         rot = fwd_fp8.rotation(fwd_fp8.qk_width(spec), fwd_fp8.ROTATION_SEED, dt, q.device)
+        fa = (mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"], bufs["VScale"], out,
+                lse, margs, cfg)
+        launches = fwd_fp8.fp8_launches(*fa, gluon=True, use_pdl=True)
+        fused = fwd_fp8.fp8_launches(*fa, gluon=True, use_pdl=True, q16=q, rot=rot)
         perm = fwd_fp8.key_order16(mod, launches)
         quant = fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=perm, use_pdl=True)
         launches = [quant[0], quant[2], fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, None, use_pdl=True)[0],
-                    *launches]
+                    *launches, *(fused if fwd_fp8.q_in_kernel(fused) else [])]
     elif args.family == "fwd" and args.varlen:
         packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)

@@ -326,12 +326,16 @@ _FUSED_NAMES = {"X": "{t}", "X8": "{y}", "Scale": "{t8}Scale", "cu_seqlens": "cu
 
 
 def prologue_launch(mod: ModuleType, spec: KernelSpec, q, k, v, bufs: dict, rot, cu_q=None, cu_k=None,
-                    max_q: int = 0, max_k: int = 0, perm16: bool = False, use_pdl: bool | None = None) -> Launch:
+                    max_q: int = 0, max_k: int = 0, perm16: bool = False, use_pdl: bool | None = None,
+                    quant_q: bool = True) -> Launch:
     """The prologue in one launch (`_fp8_quant_qkv`: quant_launches' three kernels as one grid,
     Q's programs first, then K's, then V's), its tensors under the attention plan's names (q, k,
     v, Q8, K8, Vt, QScale, KScale, VScale, Rot, cu_seqlens_q, cu_seqlens_k). use_pdl (None: pdl(q))
-    lets the attention launch start as the prologue's programs leave."""
+    lets the attention launch start as the prologue's programs leave. quant_q=False: Q is left out
+    (no programs; the attention kernel quantizes it, q_in_kernel)."""
     parts = quant_launches(mod, spec, q, k, v, bufs, rot, cu_q, cu_k, max_q, max_k, perm16, use_pdl)
+    if not quant_q:
+        parts[0].grid = 0
     values = {"Rot": rot, "progs_q": parts[0].grid, "progs_k": parts[1].grid, "BLOCK": SCALE_BLOCK,
               "ROTATE": rot is not None, "PERM16": perm16, "PDL": parts[0].values["PDL"]}
     for la, t, y, c in zip(parts, "qkv", ("Q8", "K8", "Vt"), "qkk"):
@@ -352,7 +356,7 @@ def copy_v_launch(mod: ModuleType, v, vt, perm16: bool, use_pdl: bool | None = N
 
 def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out, lse, mask: MaskArgs,
                  cfg: Fp8Config, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
-                 gluon: bool | None = None, use_pdl: bool | None = None) -> list[Launch]:
+                 gluon: bool | None = None, use_pdl: bool | None = None, q16=None, rot=None) -> list[Launch]:
     """The attention launch over fp8 tensors. Dense: q8 (B, Hq, Sq, W), k8 (B, Hkv, Sk, W), vt
     (B, Hkv, Dv, S_pad), out (B, Hq, Sq, Dv) any strides, lse (B, Hq, Sq). Packed: q8 (Tq, Hq, W),
     k8 (Tk, Hkv, W), vt (Hkv, Dv, T_pad), out (Tq, Hq, Dv), lse (Hq, Tq). Descales qs (B or docs,
@@ -360,7 +364,10 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
     one per head). gluon: whether the Gluon kernel may serve (cfg.consumers > 0; None: on a GPU
     only, Triton's interpreter does not run Gluon; the compile probe says True); a call it cannot
     take runs the Triton kernel's config ws_fallback(cfg). use_pdl (None: pdl(q8)): launched with
-    programmatic dependent launch, waiting inside for the kernel before it (the prologue)."""
+    programmatic dependent launch, waiting inside for the kernel before it (the prologue). q16 (the
+    call's bf16 / fp16 q, dense) and rot (rotation(), None: no rotation): the Gluon kernel may
+    quantize Q itself (ws_quant_q; q_in_kernel says whether it does, and then the prologue leaves
+    Q out); the Triton kernel always reads the prologue's Q8."""
     require_valid(spec, cfg, check_fp8)
     use_pdl = pdl(q8) if use_pdl is None else use_pdl
     if ks.stride() != vs.stride():
@@ -385,7 +392,7 @@ def fp8_launches(mod: ModuleType, spec: KernelSpec, q8, k8, vt, qs, ks, vs, out,
         "IMPRECISE_PV": 32 if cfg.precise_acc else cfg.block_n, "PDL": use_pdl,
     }
     if cfg.consumers:
-        ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon)
+        ws = ws_fp8_launch(mod, spec, q8, k8, vt, out, values, cfg, packed, gluon, q16, rot)
         if ws is not None:
             grid, ws_values, descs = ws
             return [Launch.of(mod, "_attn_fwd_fp8_ws", grid, ws_values, cfg.num_warps, 1, descs,
@@ -502,11 +509,14 @@ def ws_fp8_default(spec: KernelSpec, seqlen_q: int = 0) -> Fp8Config:
     return WS_FP8_ONE if 0 < seqlen_q <= short else WS_FP8_DEFAULT
 
 
-def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config) -> int:
+def ws_smem_bytes(spec: KernelSpec, cfg: Fp8Config, rot: bool = False) -> int:
     """The Gluon kernel's shared memory: per consumer its Q8 rows (1 byte) and its O rows (2
-    bytes: O cannot reuse the fp8 Q buffer), per ring stage a K8 and a V^T block (barriers aside)."""
+    bytes: O cannot reuse the fp8 Q buffer), per ring stage a K8 and a V^T block (barriers aside);
+    rot: Q quantized and rotated inside (ws_quant_q), the rotation's diagonal blocks (16-bit,
+    qk_width x ROT_TILE; Q's 16-bit tiles go through O's buffer)."""
     w, dv = qk_width(spec), spec.head_dim_v
-    return cfg.block_m * (w + 2 * dv) + cfg.num_stages * cfg.block_n * (w + dv)
+    extra = 2 * w * min(w, ROT_TILE) if rot else 0
+    return cfg.block_m * (w + 2 * dv) + cfg.num_stages * cfg.block_n * (w + dv) + extra
 
 
 def check_ws_fp8(spec: KernelSpec, cfg: Fp8Config) -> str | None:
@@ -567,22 +577,48 @@ def _fp8_gluon_layout(block: tuple, dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), kinds[dtype])
 
 
-def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out) -> dict | None:
+def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out, q16=None, rot=None) -> dict | None:
     """The Gluon kernel's descriptors (tensor name, shape, strides, block, shared layout), or None
     when a tensor cannot go through the copy engine: Q8 and O in blocks of one consumer's rows, K8
-    in blocks of block_n keys, V^T in blocks of (Dv, block_n)."""
+    in blocks of block_n keys, V^T in blocks of (Dv, block_n); desc_r: the rotation's (qk_width)^2
+    matrix in blocks of ROT_TILE^2. With q16 (Q quantized inside) desc_q is the 16-bit q in
+    column tiles of ROT_TILE (qk_width when narrower; columns past q's head dim read as zeros).
+    desc_r is desc_q again where the kernel reads no rotation."""
     rows = cfg.block_m // cfg.consumers
-    views = {"desc_q": ("Q", q8), "desc_k": ("K", k8), "desc_v": ("Vt", vt), "desc_o": ("Out", out)}
-    blocks = {"desc_q": [1, 1, rows, q8.shape[3]], "desc_k": [1, 1, cfg.block_n, k8.shape[3]],
-              "desc_v": [1, 1, vt.shape[2], cfg.block_n], "desc_o": [1, 1, rows, out.shape[3]]}
+    w = k8.shape[3]
+    qsrc = ("Q", q8) if q16 is None else ("q", q16)
+    views = {"desc_q": qsrc, "desc_k": ("K", k8), "desc_v": ("Vt", vt), "desc_o": ("Out", out)}
+    blocks = {"desc_q": [1, 1, rows, q8.shape[3] if q16 is None else min(w, ROT_TILE)],
+              "desc_k": [1, 1, cfg.block_n, w], "desc_v": [1, 1, vt.shape[2], cfg.block_n],
+              "desc_o": [1, 1, rows, out.shape[3]]}
+    if q16 is not None and rot is not None:
+        views["desc_r"] = ("Rot", rot[None, None])
+        blocks["desc_r"] = [1, 1, min(w, ROT_TILE), min(w, ROT_TILE)]
     descs = tma_descriptors(views, blocks)
     if descs is None:
         return None
-    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), views[n][1].dtype)) for n, d in descs.items()}
+    descs.setdefault("desc_r", descs["desc_q"])
+    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), d_t.dtype))
+            for n, d in descs.items() for d_t in [views[n][1] if n in views else views["desc_q"][1]]}
+
+
+def ws_quant_q(spec: KernelSpec, cfg: Fp8Config, q16, out, rot) -> bool:
+    """Whether the Gluon kernel quantizes Q itself (QUANT_Q) for a call with 16-bit q: Q's tiles
+    pass through O's buffer (same dtype, Dv at least the qk width), and the rotation's blocks fit
+    in shared memory beside the ring. The prologue then quantizes only K and V (a third less
+    work, and Q's quantization overlaps the prologue under programmatic dependent launch)."""
+    return (q16 is not None and q16.dtype == out.dtype and q16.element_size() == 2
+            and spec.head_dim_v >= qk_width(spec)
+            and ws_smem_bytes(spec, cfg, rot is not None) <= SMEM_LIMIT[spec.target])
+
+
+def q_in_kernel(launches: list[Launch]) -> bool:
+    """Whether the attention launches quantize Q themselves (the prologue leaves Q out)."""
+    return any(la.values.get("QUANT_Q") for la in launches)
 
 
 def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: dict, cfg: Fp8Config,
-                  packed: bool, gluon: bool | None) -> tuple[int, dict, dict] | None:
+                  packed: bool, gluon: bool | None, q16=None, rot=None) -> tuple[int, dict, dict] | None:
     """The Gluon kernel's (grid, values, descriptors) for a call (`values`: the Triton kernel's, by
     name; fp8_launches makes the launch), or None when it cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
     address, an empty call) and the Triton kernel serves."""
@@ -593,7 +629,11 @@ def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: di
     B, hq, seqlen_q, _ = q8.shape
     if not (seqlen_q and B * hq):
         return None
-    descs = ws_fp8_descriptors(cfg, q8, k8, vt, out)
+    quant_q = ws_quant_q(spec, cfg, q16, out, rot)
+    descs = ws_fp8_descriptors(cfg, q8, k8, vt, out, q16, rot) if quant_q else None
+    if descs is None:  # Q8 from the prologue
+        quant_q = False
+        descs = ws_fp8_descriptors(cfg, q8, k8, vt, out)
     if descs is None:
         return None
     blocks = -(-seqlen_q // cfg.block_m)
@@ -601,7 +641,9 @@ def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: di
 
     values = {**values, "num_m_blocks": blocks, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
               "KV_STAGES": cfg.num_stages, "CONSUMER_REGS": WS_CONSUMER_REGS, "CONSUMERS": cfg.consumers,
-              "LPT": lpt_order(spec, k8)}
+              "LPT": lpt_order(spec, k8), "QUANT_Q": quant_q, "ROTATE": quant_q and rot is not None}
+    if quant_q:  # the descriptors' tensors (a call passes its own under these names)
+        values.update(q=q16, Rot=rot)
     return programs(blocks, B * hq, "q"), values, descs
 
 

@@ -6,7 +6,7 @@ tuning hooks. Imported by the tuner, the tests and the benchmark, never by the r
 from __future__ import annotations
 
 from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, alloc, buffers, fp8_launches,
-                                      key_order16, qk_width, quant_launches, rotation, rotation_blocks,
+                                      key_order16, q_in_kernel, qk_width, quant_launches, rotation, rotation_blocks,
                                       signed_hadamard)
 
 
@@ -46,10 +46,11 @@ def dequantize_ref(x8, d, block: int = SCALE_BLOCK):
 
 
 def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=False, window_size=(-1, -1),
-            softcap=0.0, scale=None, top_left=False):
+            softcap=0.0, scale=None, top_left=False, q_rows: bool = False):
     """fp8 attention as the kernels compute it, in PyTorch on (B, H, S, D) tensors: Q and K rotated
-    (rotate=True) and block-quantized, V block-quantized, scores and softmax in fp32, P (times 2^8)
-    rounded to e4m3, P.V in fp32. Returns (out in q's dtype, lse fp32)."""
+    (rotate=True) and block-quantized (q_rows: Q with one descale per row, as the Gluon kernel
+    quantizes it inside), V block-quantized, scores and softmax in fp32, P (times 2^8) rounded to
+    e4m3, P.V in fp32. Returns (out in q's dtype, lse fp32)."""
     import torch
 
     from attngen.problem import keep_mask
@@ -58,7 +59,8 @@ def emulate(q, k, v, *, rotate: bool = True, seed: int = ROTATION_SEED, causal=F
     if rotate:
         m = rotation_matrix(D, seed).to(q.device)
         q, k = q.double() @ m, k.double() @ m
-    qd = dequantize_ref(*quantize_ref(q)).float()
+    qb = 1 if q_rows else SCALE_BLOCK
+    qd = dequantize_ref(*quantize_ref(q, qb), qb).float()
     kd = dequantize_ref(*quantize_ref(k)).float()
     vd = dequantize_ref(*quantize_ref(v)).float()
     g = qd.shape[1] // kd.shape[1]
@@ -121,10 +123,13 @@ class TuningHooks:
     def steps(self, obj, cfg, t: dict) -> list:
         s, p = obj.spec, obj.problem
         cu_q, cu_k = (t["cu_q"], t["cu_k"]) if s.varlen else (None, None)
+        # dense calls: the Gluon kernel may quantize Q itself, as the runtime's plan lets it
         attn = fp8_launches(obj.mod, s, t["Q8"], t["K8"], t["Vt"], t["QScale"], t["KScale"], t["VScale"],
-                            t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q)
-        return quant_launches(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q,
-                              p.seqlen_k, key_order16(obj.mod, attn)) + attn
+                            t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q,
+                            q16=None if s.varlen else t["q"], rot=t["rot"])
+        quant = quant_launches(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q,
+                               p.seqlen_k, key_order16(obj.mod, attn))
+        return (quant[1:] if q_in_kernel(attn) else quant) + attn
 
     def reference(self, obj, t: dict) -> dict:
         """Per (batch or document): float64 attention and the emulation."""

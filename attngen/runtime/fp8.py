@@ -68,16 +68,20 @@ class Fp8Plan(Plan):
         self.perm16 = False
         self.copy_v = quantized and not packed  # V^T by the module's copy kernel, in run()
         bufs = self.buffers(qv, kv, vv, descales)
+        # bf16 / fp16 dense inputs: the Gluon kernel may quantize Q itself (q16; the prologue then
+        # leaves Q out)
+        q16 = None if quantized or packed else qv
         attn = f8.fp8_launches(self.module, self.spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"],
                                bufs["KScale"], bufs["VScale"], self.out_view(out), lse, opts.mask_args,
-                               self.config, cu_q, cu_k, max_q)
+                               self.config, cu_q, cu_k, max_q, q16=q16, rot=self.rot)
         self.perm16 = f8.key_order16(self.module, attn)  # V^T in the order the attention kernel reads
+        self.q_in_kernel = f8.q_in_kernel(attn)
         # the launches take their tensors from one dict a call, by the attention kernel's names:
         # bf16 / fp16 inputs, the prologue (one launch); e4m3 dense inputs, V into V^T by the
         # module's copy kernel (its X / X8 renamed into the dict; packed: transpose_v)
         if not quantized:
             launches = [f8.prologue_launch(self.module, self.spec, qv, kv, vv, bufs, self.rot, cu_q, cu_k, max_q,
-                                           max_k, self.perm16)]
+                                           max_k, self.perm16, quant_q=not self.q_in_kernel)]
         else:
             launches = [f8.copy_v_launch(self.module, vv, bufs["Vt"], self.perm16)] if self.copy_v else []
         self.compile(launches + attn)

@@ -44,8 +44,9 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
     if precision is not None and fp8.check_precision(precision, rotate):
         plan = fp8.Fp8Plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                            rotate=rotate, out_dtype=q.dtype)
+        # q_in_kernel: the attention kernel quantizes (and rotates) Q itself, the prologue K and V only
         return {**_summary(plan, opts, layout), "precision": "fp8", "rotate": rotate,
-                "backward": None}
+                "q_in_kernel": plan.q_in_kernel, "backward": None}
     plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
             if packed else api.forward_plan(q, k, v, opts))
     bwd_spec = plan.spec.replace(family=api.BWD.name)

@@ -4,9 +4,12 @@ split-KV decode (attngen.attention_with_kvcache, contiguous and paged-16 caches)
 launcher decides (on, sm90) or switched off. One process per variant and round (the plans are
 built with the variant's launches), median of triton.testing.do_bench after 200 ms of GPU work.
 Prints one JSON line {"pdl": bool, "rows": {case: {"us", "tflops" | "GB/s"}}}.
+`--q-inside off` (fp8) keeps Q's quantization in the prologue instead of the Gluon attention
+kernel (fwd_fp8.ws_quant_q), the A/B of that change.
 
     for r in 1 2; do for p in on off; do python3 benchmarks/tools/pdl_ab.py --family fp8 --pdl $p; done; done
     python3 benchmarks/tools/pdl_ab.py --family decode --pdl off
+    python3 benchmarks/tools/pdl_ab.py --family fp8 --q-inside off
 """
 
 from __future__ import annotations
@@ -70,13 +73,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--family", choices=("fp8", "decode"), required=True)
     ap.add_argument("--pdl", choices=("on", "off"), default="on")
+    ap.add_argument("--q-inside", choices=("on", "off"), default="on")
     args = ap.parse_args()
     if args.pdl == "off":
         f8.pdl = fd.pdl = lambda t: False
+    if args.q_inside == "off":
+        f8.ws_quant_q = lambda *a: False
     rows = fp8_rows() if args.family == "fp8" else decode_rows()
     for name, row in rows.items():
         print(name, row, file=sys.stderr)
-    print(json.dumps({"family": args.family, "pdl": args.pdl == "on", "rows": rows}))
+    print(json.dumps({"family": args.family, "pdl": args.pdl == "on", "q_inside": args.q_inside == "on",
+                      "rows": rows}))
     return 0
 
 

@@ -21,14 +21,21 @@ from .test_compile_sm90 import probe
     (256, "causal", 2, "128,64,4,2,consumers=2"),
 ])
 def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, config):
-    from attngen.families.fwd_fp8 import Fp8Config, check_fp8, ws_fp8_maxnreg, ws_smem_bytes
+    import torch
+
+    from attngen.families.fwd_fp8 import Fp8Config, check_fp8, ws_fp8_maxnreg, ws_quant_q, ws_smem_bytes
     from attngen.spec import KernelSpec
 
     nums = [int(x) for x in config.split(",") if "=" not in x]
     cfg = Fp8Config(*nums, consumers=int(config.rsplit("=", 1)[1]))
     spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", hd, hd, gqa, mask)
     assert check_fp8(spec, cfg) is None, check_fp8(spec, cfg)
-    *prologue, ws = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
+    q16 = torch.empty(1, 1, 1, hd, dtype=torch.bfloat16)
+    reports = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
+    # the prologue's three kernels, the attention kernel on the prologue's Q8, and the one that
+    # quantizes Q itself (attention(precision="fp8")'s, where its shared memory fits)
+    prologue, ws, fused = reports[:3], reports[3], reports[4:]
+    assert len(fused) == (1 if ws_quant_q(spec, cfg, q16, q16, True) else 0), reports
     # the prologue (Q rotated, V, Q not rotated) compiles without spilling
     assert [r["kernel"] for r in prologue] == ["_fp8_quant_qk", "_fp8_quant_v", "_fp8_quant_qk"], prologue
     assert all(r.get("spill_stores") == 0 for r in prologue), prologue
@@ -52,12 +59,27 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     # the main loop: Q.K^T in k32 steps over the qk width, P.V in k32 steps over the key block;
     # 64 rows x block_n scores over a warp group's 128 threads, one ex2 each, and alpha's for the
     # thread's two rows; nothing in local memory
-    loop = ws["main_loop"]
     width = -(-hd // 16) * 16
-    assert loop is not None, ws
-    assert loop["wgmma"] == width // 32 + cfg.block_n // 32, loop
-    assert loop["ex2"] == 64 * cfg.block_n // 128 + 2, loop
-    assert loop["local_memory"] == 0 and loop["waits"] >= 2, loop
+    loop_bars = ws["main_loop"]["bar_sync"]  # quantizing Q adds no barrier to the key loop
+    for rep in [ws, *fused]:
+        loop = rep["main_loop"]
+        assert loop is not None, rep
+        assert loop["wgmma"] == width // 32 + cfg.block_n // 32, loop
+        assert loop["ex2"] == 64 * cfg.block_n // 128 + 2, loop
+        assert loop["local_memory"] == 0 and loop["waits"] >= 2 and loop["bar_sync"] == loop_bars, loop
+    for rep in fused:
+        # Q quantized inside: its rotation a bf16 wgmma a column tile of 64 (A from shared memory,
+        # the tile as TMA left it) before the main loop, which is the other kernel's; the caller's q
+        # and the rotation come by TMA before the wait for the prologue, no pointer load before it
+        assert rep["kernel"] == "_attn_fwd_fp8_ws", rep
+        assert rep["wgmma_types"] == ["f32.bf16.bf16", "f32.e4m3.e4m3"], rep
+        assert f"m64n{min(width, 64)}k16 A from shared" in rep["wgmma"], rep
+        assert rep["launch_pdl"] and rep["griddepcontrol"] == ["wait"] * (cfg.consumers + 1), rep
+        assert rep["reads_before_wait"]["ld.global"] == 0 and rep["reads_before_wait"]["tma"] >= 1, rep
+        assert rep["byte_permutes"] == 0 and rep["spill_stores"] == 0, rep
+        assert rep["registers"] <= ws_fp8_maxnreg(spec, cfg), rep
+        want = ws_smem_bytes(spec, cfg, rot=True)
+        assert want <= rep["shared_bytes"] <= want + 1024, (want, rep)
 
 
 def test_fp8_gluon_forward_exists_where_ws_fp8_says():
@@ -116,17 +138,43 @@ def test_fp8_launcher_takes_the_gluon_kernel_where_it_can_and_falls_back():
     assert F.default_fp8_config(wide, "cuda", 1024) == F.WS_FP8_DEFAULT_WIDE
     assert all(F.check_fp8(x, F.default_fp8_config(x, "cuda", 2048)) is None for x in (spec, full, window, wide))
 
-    def launch(out, gluon):
+    def launch(out, gluon, **kw):
         lse = torch.empty(B, 2 * hkv, S)
         (la,) = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
-                               bufs["VScale"], out, lse, margs, cfg, gluon=gluon)
+                               bufs["VScale"], out, lse, margs, cfg, gluon=gluon, **kw)
         return la
 
     out = torch.empty(B, 2 * hkv, S, D, dtype=torch.bfloat16)
     ws = launch(out, True)
     assert ws.fn.__name__ == "_attn_fwd_fp8_ws" and ws.maxnreg == WS_MAXNREG and ws.num_warps == 4
     assert ws.grid == math.ceil(S / 128) * B * 2 * hkv
-    assert sorted(ws.descriptors) == ["desc_k", "desc_o", "desc_q", "desc_v"]
+    assert sorted(ws.descriptors) == ["desc_k", "desc_o", "desc_q", "desc_r", "desc_v"]
+    # Q8 from the prologue: no rotation read (desc_r is desc_q again), Q not quantized inside
+    assert ws.descriptors["desc_r"] == ws.descriptors["desc_q"] and ws.descriptors["desc_q"][0] == "Q"
+    assert not ws.values["QUANT_Q"] and not ws.values["ROTATE"] and not F.q_in_kernel([ws])
+    # given the 16-bit q (attention(precision="fp8")): the Gluon kernel quantizes Q itself, reading q in
+    # column tiles of 64 and the rotation's 64 x 64 diagonal blocks; without a rotation only q
+    q16 = q.to(torch.bfloat16)
+    rot = F.rotation(D, F.ROTATION_SEED, q16.dtype, "cpu")
+    fused = launch(out, True, q16=q16, rot=rot)
+    assert fused.values["QUANT_Q"] and fused.values["ROTATE"] and F.q_in_kernel([fused])
+    assert fused.descriptors["desc_q"][0] == "q" and fused.descriptors["desc_q"][3] == [1, 1, 64, 64]
+    assert fused.descriptors["desc_r"][0] == "Rot" and fused.descriptors["desc_r"][3] == [1, 1, 64, 64]
+    plain = launch(out, True, q16=q16, rot=None)
+    assert plain.values["QUANT_Q"] and not plain.values["ROTATE"]
+    assert plain.descriptors["desc_r"] == plain.descriptors["desc_q"]
+    # not inside: q of another dtype than O (O's buffer holds Q's tiles), the CPU, a config whose
+    # ring leaves no room for the rotation's blocks (hd256, 4 stages: the prologue quantizes Q)
+    assert not F.q_in_kernel([launch(out, True, q16=q16.half(), rot=rot)])
+    assert not F.q_in_kernel([launch(out, None, q16=q16, rot=rot)])
+    deep = F.Fp8Config(128, 64, 4, 4, consumers=2)
+    assert F.check_fp8(wide, deep) is None and not F.ws_quant_q(wide, deep, q16, q16, rot)
+    assert F.ws_quant_q(wide, F.WS_FP8_DEFAULT_WIDE, q16, q16, rot)
+    # the prologue then leaves Q out: K's and V's programs only
+    both = F.prologue_launch(mod, spec, q16, k.bfloat16(), v.bfloat16(), bufs, rot)
+    kv = F.prologue_launch(mod, spec, q16, k.bfloat16(), v.bfloat16(), bufs, rot, quant_q=False)
+    assert kv.values["progs_q"] == 0 and both.values["progs_q"] == math.ceil(S / 128) * B * 2 * hkv
+    assert kv.grid == both.grid - both.values["progs_q"] and kv.values["progs_k"] == both.values["progs_k"]
     assert ws.descriptors["desc_v"][0] == "Vt" and ws.descriptors["desc_v"][3] == [1, 1, D, 128]
     assert ws.values["KV_STAGES"] == cfg.num_stages and ws.values["CONSUMERS"] == 2
     cpu = launch(out, None)  # a CPU tensor: Triton's interpreter runs no Gluon

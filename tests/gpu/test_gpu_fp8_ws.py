@@ -80,18 +80,21 @@ def mask_args(c: Case) -> MaskArgs:
     return MaskArgs(scale=1.0 / math.sqrt(c.D), softcap=0.0, window_left=wl, window_right=wr, align_top_left=False)
 
 
-def prepare(c: Case, q, k, v, cfg: F.Fp8Config):
-    """(prologue launches, attention launches, out, lse) of one call: the launchers' own."""
+def prepare(c: Case, q, k, v, cfg: F.Fp8Config, fused: bool = False, rotate: bool = True):
+    """(prologue launches, attention launches, out, lse) of one call: the launchers' own. fused:
+    the attention kernel quantizes Q itself (given the 16-bit q), the prologue only K and V;
+    rotate=False: no rotation. Outputs poisoned with NaN."""
     spec = c.spec
     mod = loader.load(spec)
     bufs = F.alloc(F.buffers(spec, q, k, v, False), q.device)
-    rot = F.rotation(F.qk_width(spec), F.ROTATION_SEED, q.dtype, q.device)
-    out = torch.empty(c.B, c.Hq, c.Sq, c.D, device=q.device, dtype=q.dtype)
-    lse = torch.empty(c.B, c.Hq, c.Sq, device=q.device, dtype=torch.float32)
+    rot = F.rotation(F.qk_width(spec), F.ROTATION_SEED, q.dtype, q.device) if rotate else None
+    out = torch.full((c.B, c.Hq, c.Sq, c.D), float("nan"), device=q.device, dtype=q.dtype)
+    lse = torch.full((c.B, c.Hq, c.Sq), float("nan"), device=q.device, dtype=torch.float32)
     attn = F.fp8_launches(mod, spec, bufs["Q8"], bufs["K8"], bufs["Vt"], bufs["QScale"], bufs["KScale"],
-                          bufs["VScale"], out, lse, mask_args(c), cfg)
+                          bufs["VScale"], out, lse, mask_args(c), cfg, q16=q if fused else None, rot=rot)
+    assert F.q_in_kernel(attn) is fused, (c.id, cfg)
     quant = F.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=F.key_order16(mod, attn))
-    return quant, attn, out, lse
+    return (quant[1:] if fused else quant), attn, out, lse
 
 
 def inputs(c: Case, seed: int = 0):
@@ -99,25 +102,47 @@ def inputs(c: Case, seed: int = 0):
                          device="cuda", seed=seed)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["q8", "q-inside"])
 @pytest.mark.parametrize("c", CASES, ids=lambda c: c.id)
-def test_fp8_gluon_forward_matches_float64_within_the_emulation_budget(c: Case, gpu_records):
+def test_fp8_gluon_forward_matches_float64_within_the_emulation_budget(c: Case, fused: bool, gpu_records):
+    """Both ways the Gluon kernel gets Q: the prologue's Q8 (attention_fp8's way, and where the
+    rotation's blocks do not fit) and quantized inside (attention(precision="fp8")'s: one descale
+    per row, emulated as such)."""
     t0 = time.perf_counter()
-    rec = {"kind": "fwd_fp8_ws", "id": c.id, "passed": False, "seconds": 0.0}
+    rec = {"kind": "fwd_fp8_ws", "id": c.id + ("-qin" if fused else ""), "passed": False, "seconds": 0.0}
     gpu_records.append(rec)
     cfg = c.cfg or F.ws_fp8_default(c.spec)
     q, k, v = inputs(c)
-    quant, attn, out, lse = prepare(c, q, k, v, cfg)
+    quant, attn, out, lse = prepare(c, q, k, v, cfg, fused)
     assert [la.fn.__name__ for la in attn] == ["_attn_fwd_fp8_ws"], (c.id, attn)
     for la in quant + attn:
         la.run()
     torch.cuda.synchronize()
     kw = dict(causal=c.causal, window_size=c.window)
     o64, l64 = attention_ref(q, k, v, **kw)
-    opt, lpt = f8t.emulate(q, k, v, **kw)
+    opt, lpt = f8t.emulate(q, k, v, **kw, q_rows=fused)
     f8t.check_outputs(c.id, out, lse, {"out64": o64, "lse64": l64, "out_pt": opt, "lse_pt": lpt})
     err = (out.double() - o64).abs().max().item()
     rec.update(passed=True, err=err, emu_err=(opt.double() - o64).abs().max().item(),
                seconds=round(time.perf_counter() - t0, 2))
+
+
+@pytest.mark.parametrize("c", [CASES[1], CASES[-1], CASES[-3]], ids=lambda c: c.id)
+def test_fp8_gluon_forward_quantizes_q_inside_without_rotation(c: Case):
+    """rotate=False with Q quantized inside: Q's tiles go straight from shared memory to the
+    per-row quantization (no rotation read); against float64 within the budget of the same
+    computation without rotation."""
+    cfg = c.cfg or F.ws_fp8_default(c.spec)
+    q, k, v = inputs(c, seed=3)
+    quant, attn, out, lse = prepare(c, q, k, v, cfg, fused=True, rotate=False)
+    assert attn[0].values["QUANT_Q"] and not attn[0].values["ROTATE"]
+    for la in quant + attn:
+        la.run()
+    torch.cuda.synchronize()
+    kw = dict(causal=c.causal, window_size=c.window)
+    o64, l64 = attention_ref(q, k, v, **kw)
+    opt, lpt = f8t.emulate(q, k, v, **kw, rotate=False, q_rows=True)
+    f8t.check_outputs(c.id, out, lse, {"out64": o64, "lse64": l64, "out_pt": opt, "lse_pt": lpt})
 
 
 # the configs timed beside the Triton kernel's default (consumers = 0)
