@@ -25,6 +25,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "0")
@@ -63,20 +64,31 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", 
           torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv"}
 
 
-def signature(launch) -> tuple[dict, dict]:
-    """(signature, constexprs) of a Launch's kernel for ASTSource, from its bound values."""
+def signature(launch) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attributes) of a Launch's kernel for ASTSource, from its bound
+    values, specialized as Triton's JIT specializes a call (parameters outside the kernel's
+    do_not_specialize list): an int equal to 1 becomes the constant 1, an int that is a multiple
+    of 16 and a tensor whose address is carry tt.divisibility 16 (what lets the compiler prove
+    contiguity and alignment, hence vector loads and stores)."""
     fn = launch.fn
     values = dict(launch.values)
     if launch.descriptors:
         values.update(make_descriptors(launch.descriptors, values))
-    sig, const = {}, {}
-    for param, name in zip(fn.params, fn.arg_names):
+    dns = set(getattr(fn, "do_not_specialize", None) or ())
+    dns |= {fn.arg_names[i] for i in dns if isinstance(i, int)}
+    sig, const, attrs = {}, {}, {}
+    for i, (param, name) in enumerate(zip(fn.params, fn.arg_names)):
         val = values[name]
         if param.is_constexpr or val is None:
             sig[name] = "constexpr"
             const[name] = val
         elif isinstance(val, torch.Tensor):
             sig[name] = "*" + DTYPES[val.dtype]
+            if val.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(val, int) and not isinstance(val, bool) and name not in dns and val == 1:
+            sig[name] = "constexpr"
+            const[name] = 1
         elif type(val).__name__ == "TensorDescriptor":
             block = ",".join(str(b) for b in val.block_shape)
             layout = f",{val.layout!r}" if getattr(val, "layout", None) is not None else ""  # Gluon's
@@ -85,11 +97,13 @@ def signature(launch) -> tuple[dict, dict]:
             sig[name] = "i1"
         elif isinstance(val, int):
             sig[name] = "i32" if -(1 << 31) <= val < (1 << 31) else "i64"
+            if name not in dns and val % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(val, float):
             sig[name] = "fp32"
         else:
             raise TypeError(f"{fn.__name__}.{name}: cannot type {type(val).__name__}")
-    return sig, const
+    return sig, const, attrs
 
 
 def ptxas_report(ptx: str, tmp: Path) -> dict:
@@ -137,13 +151,13 @@ def main_loop(sass: str) -> dict | None:
 
 
 def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
-    sig, const = signature(launch)
+    sig, const, attrs = signature(launch)
     if getattr(launch.fn, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource
 
-        src = GluonASTSource(launch.fn, sig, const)
+        src = GluonASTSource(launch.fn, sig, const, attrs)
     else:
-        src = ASTSource(launch.fn, sig, const)
+        src = ASTSource(launch.fn, sig, const, attrs)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=launch.options)
     ptx = ck.asm["ptx"]
     rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
@@ -158,6 +172,9 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # byte permutes: an 8-bit register tensor unpacked into bytes and packed again (a layout change
     # of fp8 data, or one carried over a loop)
     rep["byte_permutes"] = len(re.findall(r"\bprmt\.b32\b", ptx))
+    # global stores by width (st.global.b8 ... v4.b32): a byte store where 16 bytes were possible
+    # (a store whose contiguity or mask the compiler cannot prove) shows here
+    rep["global_stores"] = dict(sorted(Counter(re.findall(r"\bst\.global\.((?:v\d\.)?b\d+)", ptx)).items()))
     # programmatic dependent launch: the launch attribute, and the grid-dependency instructions
     # in the PTX in their order ("wait": before reading the previous kernel's outputs,
     # "launch_dependents": the next kernel may start), with the line of the first global read

@@ -620,8 +620,9 @@ def q_in_kernel(launches: list[Launch]) -> bool:
 def ws_fp8_launch(mod: ModuleType, spec: KernelSpec, q8, k8, vt, out, values: dict, cfg: Fp8Config,
                   packed: bool, gluon: bool | None, q16=None, rot=None) -> tuple[int, dict, dict] | None:
     """The Gluon kernel's (grid, values, descriptors) for a call (`values`: the Triton kernel's, by
-    name; fp8_launches makes the launch), or None when it cannot take the call (packed documents, no GPU unless `gluon`, tensors the copy engine cannot
-    address, an empty call) and the Triton kernel serves."""
+    name; fp8_launches makes the launch), or None when it cannot take the call (packed documents,
+    no GPU unless `gluon`, tensors the copy engine cannot address, an empty call) and the Triton
+    kernel serves. q16 / rot: Q quantized inside where ws_quant_q allows (QUANT_Q, ROTATE)."""
     use = (not packed and has_entry(mod, "_attn_fwd_fp8_ws")
            and (q8.device.type == "cuda" if gluon is None else gluon))
     if not use:

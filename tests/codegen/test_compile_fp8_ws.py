@@ -39,6 +39,10 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     # the prologue (Q rotated, V, Q not rotated) compiles without spilling
     assert [r["kernel"] for r in prologue] == ["_fp8_quant_qk", "_fp8_quant_v", "_fp8_quant_qk"], prologue
     assert all(r.get("spill_stores") == 0 for r in prologue), prologue
+    # every e4m3 store 16 bytes wide (the one 4-byte store: the block's descale), V^T's transposed
+    # rows included: its mask is taken per 16 keys, its key order made by moving values
+    assert all(set(r["global_stores"]) == {"b32", "v4.b32"} and r["global_stores"]["b32"] == 1
+               for r in prologue), prologue
     # programmatic dependent launch (as an sm90 GPU runs them): each prologue kernel lets the next
     # launch start, the attention kernel is launched with the attribute and every partition (the
     # consumers and the producer) waits for the prologue before its first global read
