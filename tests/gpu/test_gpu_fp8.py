@@ -132,6 +132,28 @@ def test_gpu_attention_fp8_descales_compile_and_graph():
         torch.testing.assert_close(graphed, fn(q, k, v), atol=0, rtol=0)
 
 
+def test_gpu_fp8_q_inside_takes_bshd_views_and_says_so():
+    """attention(precision="fp8") on dense calls: the Gluon kernel quantizes Q itself (explain()
+    says so, with and without rotation), also from a (B, S, H, D) view (its TMA descriptor over
+    the strided view), with the same output bit for bit as the (B, H, S, D) call; against float64
+    within the budget of the same computation with one descale per row of Q."""
+    q, k, v = random_inputs((1, 8, 1531, 128), (1, 2, 1531, 128), (1, 2, 1531, 128), dtype=torch.bfloat16,
+                            device=DEV, seed=44)
+    qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    for rotate in (True, False):
+        for args, layout in (((q, k, v), "bhsd"), ((qs, ks, vs), "bshd")):
+            info = attngen.explain(*args, causal=True, precision="fp8", rotate=rotate, layout=layout)
+            assert info["q_in_kernel"] is True, (rotate, layout, info)
+            assert [la["entry"] for la in info["launches"]] == ["_fp8_quant_qkv", "_attn_fwd_fp8_ws"], info
+    with torch.no_grad():
+        out = attngen.attention(q, k, v, causal=True, precision="fp8")
+        out_s = attngen.attention(qs, ks, vs, causal=True, precision="fp8", layout="bshd")
+    torch.testing.assert_close(out_s.transpose(1, 2), out, atol=0, rtol=0)
+    o64, _ = attention_ref(q, k, v, causal=True)
+    oe, _ = f8t.emulate(q, k, v, causal=True, q_rows=True)
+    assert_flash_rule("q inside", out, o64, oe, 2.0, 1e-3)
+
+
 @pytest.mark.parametrize("consumers", [0, 1, 2])
 def test_gpu_fp8_programmatic_dependent_launch(monkeypatch, consumers):
     """On sm90 the attention launch follows the prologue with programmatic dependent launch (its

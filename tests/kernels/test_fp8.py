@@ -275,6 +275,7 @@ def test_attention_precision_fp8_is_the_family():
     info = attngen.explain(q, k, v, causal=True, precision="fp8")
     assert info["kernel"] == spec.uri and info["precision"] == "fp8" and info["backward"] is None
     assert [r["entry"] for r in info["launches"]] == ["_fp8_quant_qkv", "_attn_fwd_fp8"]  # the prologue: one launch
+    assert info["q_in_kernel"] is False  # the Triton kernel reads the prologue's Q8 (the GPU's Gluon kernel: True)
     assert attngen.explain(q, k, v)["precision"] == "bf16"
 
 
