@@ -601,9 +601,10 @@ def ws_fp8_descriptors(cfg: Fp8Config, q8, k8, vt, out, q16=None, rot=None) -> d
     descs = tma_descriptors(views, blocks)
     if descs is None:
         return None
+    dtypes = {n: t.dtype for n, (_, t) in views.items()}
     descs.setdefault("desc_r", descs["desc_q"])
-    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), d_t.dtype))
-            for n, d in descs.items() for d_t in [views[n][1] if n in views else views["desc_q"][1]]}
+    dtypes.setdefault("desc_r", dtypes["desc_q"])
+    return {n: (*d, _fp8_gluon_layout(tuple(d[3]), dtypes[n])) for n, d in descs.items()}
 
 
 def ws_quant_q(spec: KernelSpec, cfg: Fp8Config, q16, out, rot) -> bool:
