@@ -496,3 +496,33 @@ def test_none_descale_is_one_tensor_per_device():
     b = rt_fp8.descale_views("k_descale", None, 1, 2, 2, 90, torch.device("cpu"))
     assert a.shape == (2, 4, 1) and a.stride() == (0, 0, 0) and torch.all(a == 1)
     assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def test_fp8_plans_are_keyed_by_the_alignment_of_q():
+    """On a GPU the Gluon kernel reads a 16-bit q by TMA when it quantizes Q itself, and
+    attention_fp8's e4m3 q always: a call whose q base is not 16-byte aligned must not reuse the
+    plan (or the fast path) of an aligned call with the same shapes and strides (its descriptors
+    would be made around a base the copy engine refuses). Here: separate plans and fast-path
+    entries, and the same outputs as on contiguous copies."""
+    from attngen.runtime import fp8 as rt
+
+    g = torch.Generator().manual_seed(7)
+    big = torch.randn(1, 2, 64, 136, generator=g).to(torch.bfloat16)  # rows of 272 bytes
+    k, v = (torch.randn(1, 2, 64, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    qa, qm = big[..., :128], big[..., 1:129]  # the same strides, bases 0 and 2 bytes past 16
+    assert qa.data_ptr() % 16 == 0 and qm.data_ptr() % 16 == 2 and qa.stride() == qm.stride()
+    rt._PLANS.clear(), rt._FAST.clear(), rt._FAST_QUANT.clear()
+    with torch.no_grad():
+        outs = [attngen.attention(q, k, v, causal=True, precision="fp8") for q in (qa, qm, qa, qm)]
+        assert len(rt._PLANS) == 2 and len(rt._FAST) == 2
+        for q, o in zip((qa, qm), outs[2:]):
+            assert torch.equal(o, attngen.attention(q.contiguous(), k, v, causal=True, precision="fp8"))
+        # attention_fp8: e4m3 q at a base 1 byte past 16
+        big8 = big.to(torch.float8_e4m3fn)
+        k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        q8a, q8m = big8[..., :128], big8[..., 1:129]
+        ones = torch.ones(1, 2)
+        outs8 = [attngen.attention_fp8(q, k8, v8, ones, ones, ones) for q in (q8a, q8m, q8a, q8m)]
+        assert len(rt._FAST_QUANT) == 2
+        for q, o in zip((q8a, q8m), outs8[2:]):
+            assert torch.equal(o, attngen.attention_fp8(q.contiguous(), k8, v8, ones, ones, ones))
