@@ -463,10 +463,30 @@ def test_pinned_grid_measures_its_whole_space_when_the_default_lies_outside(tmp_
 
 def test_timeout_ends_the_run_between_trials_and_says_what_is_left(tmp_path, small_space, monkeypatch, capsys):
     """--timeout S: the trial in flight finishes, no study starts after the deadline, the database
-    holds what was measured (consistent), and the run says how many studies are left."""
-    monkeypatch.setenv("ATTNGEN_FAKE_TIMER_SLEEP", "0.3")
+    holds what was measured (consistent), and the run says how many studies are left.
+
+    On a fake clock, so that the machine's speed cannot decide the outcome (on the wall clock, a
+    1 s timeout left room for about one 0.3 s trial after the run's set-up, and a loaded machine
+    could spend the whole second before the first trial): the tuner's deadline checks read a clock
+    that only the fake timer's sleeps move, 30 fake seconds a measured config, no real waiting. The
+    100 s timeout is crossed by the 4th measurement."""
+    from types import SimpleNamespace
+
+    from attngen.tuning import study as study_mod
+    from attngen.tuning import tuner as tuner_mod
+
+    clock = [0.0]
+
+    def fake_sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    fake_time = SimpleNamespace(monotonic=lambda: clock[0])
+    monkeypatch.setattr(tuner_mod, "time", fake_time)
+    monkeypatch.setattr(study_mod, "time", fake_time)
+    monkeypatch.setattr(time, "sleep", fake_sleep)  # the fake timer's sleep (tests/tuning/fakes.py)
+    monkeypatch.setenv("ATTNGEN_FAKE_TIMER_SLEEP", "30")
     db = tmp_path / "t.sqlite"
-    argv = tune_argv(db, "--timeout", "1", trials=40)
+    argv = tune_argv(db, "--timeout", "100", trials=40)
     argv[argv.index("--shapes") + 1] = f"{BUCKET},q32_k32_bh4"
     t0 = time.monotonic()
     assert cli(argv) == 0
@@ -475,6 +495,7 @@ def test_timeout_ends_the_run_between_trials_and_says_what_is_left(tmp_path, sma
     assert "--timeout reached: 1 studies left" in out.out + out.err
     trials = check_consistent(db)
     assert {t["bucket"] for t in trials} == {BUCKET}, "a study started after the deadline"
+    assert len(trials) == 4, trials  # the deadline passed during the 4th config's measurement
     assert 1 <= len([t for t in trials if t["status"] == "ok"]) < 40
 
 
