@@ -222,10 +222,11 @@ def no_grad_check(*tensors) -> None:
                          "or use precision=None for training")
 
 
-def q_aligned(q) -> bool:
-    """q's base 16-byte aligned: what the copy engine needs to read it (attention_fp8's e4m3 q, or
-    a 16-bit q the Gluon kernel quantizes itself); part of the plan keys."""
-    return q.data_ptr() % 16 == 0
+def bases_aligned(q, k) -> bool:
+    """q's and k's bases 16-byte aligned: what the copy engine needs to read them (attention_fp8's
+    e4m3 q and k, or a 16-bit q the Gluon kernel quantizes itself); part of the plan key and of
+    both fast-path keys."""
+    return (q.data_ptr() | k.data_ptr()) % 16 == 0
 
 
 def fp8_plan(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0, rotate: bool = True,
@@ -235,8 +236,8 @@ def fp8_plan(q, k, v, opts, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0
     out_dtype = out_dtype or (torch.bfloat16 if quantized else q.dtype)
     # e4m3 inputs go to the kernel as they are, and the Gluon kernel reads a 16-bit q itself when
     # it quantizes Q inside: whether the copy engine can read them (16-byte aligned bases) decides
-    # the kernel, so it is part of the key (public._fp8_attention's fast key carries q's too)
-    aligned = q_aligned(q) and (not quantized or k.data_ptr() % 16 == 0)
+    # the kernel, so it is part of the key (and of both fast-path keys in runtime.public)
+    aligned = bases_aligned(q, k)
     key = (dispatch.override(), aligned, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype,
            q.device, opts,
            None if cu_q is None else cu_q.shape, max_q, max_k, rotate, out_dtype,

@@ -164,14 +164,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
 
 def _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate):
     """attention(precision="fp8"); eager, a warm call is one dict lookup (fp8._FAST, keyed as
-    api._FAST plus rotate and whether q's base is 16-byte aligned: the Gluon kernel may read q by
-    TMA), the allocations and the launches."""
+    api._FAST plus rotate and whether q's and k's bases are 16-byte aligned: the Gluon kernel may
+    read q by TMA), the allocations and the launches."""
     key = None
     if not torch.compiler.is_compiling():
         try:
             key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
                    v.dtype, q.device, k.device, v.device, layout, causal, window_size, softcap, scale,
-                   causal_alignment, rotate, dispatch.override(), fp8.q_aligned(q))
+                   causal_alignment, rotate, dispatch.override(), fp8.bases_aligned(q, k))
             plan = fp8._FAST.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = plan = None
@@ -223,7 +223,7 @@ def attention_fp8(q, k, v, q_descale=None, k_descale=None, v_descale=None, *, ca
             key = (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
                    q.device, k.device, v.device, fp8.descale_key(q_descale), fp8.descale_key(k_descale),
                    fp8.descale_key(v_descale), layout, causal, window_size, softcap, scale, causal_alignment,
-                   out_dtype, dispatch.override(), (q.data_ptr() | k.data_ptr()) % 16 == 0)
+                   out_dtype, dispatch.override(), fp8.bases_aligned(q, k))
             hit = fp8._FAST_QUANT.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = hit = None
