@@ -266,13 +266,15 @@ def transpose_v(v, vt, perm16: bool) -> None:
 
 
 def quant_warps(width: int) -> int:
-    """The prologue's warps for a block of SCALE_BLOCK rows x `width` columns: 4 up to 128 columns
-    (167 registers at hd128, no spills), 8 past that (245 at hd256; 4 spill). H200, the K / V
-    launch, B1 H16, µs (benchmarks/ab/h200_ab_fp8_prologue_warps_2026-12-04.json): hd128 S16k 63 /
-    69 / 74 at 4 / 8 / 16 warps, S4k 23 / 23 / 25; hd256 S16k 189 / 196 / 214 at 8 / 16 / 32.
-    (8 and 16 were chosen when the compile probe, which did not specialize the call as Triton's
-    JIT does, showed 4 warps spilling at hd128.)"""
-    return 4 if width <= 128 else 8
+    """The prologue's warps for a block of SCALE_BLOCK rows x `width` columns: 4 for one Hadamard
+    block of at most 128 columns (167 registers at hd128, no spills), else 8 (245 at hd256; 4
+    spill). H200, the K / V launch, B1 H16, µs (benchmarks/ab/h200_ab_fp8_prologue_warps_2026-12-04.json):
+    hd128 S16k 63 / 69 / 74 at 4 / 8 / 16 warps, S4k 23 / 23 / 25; hd256 S16k 189 / 196 / 214 at
+    8 / 16 / 32. Widths made of several blocks (80 = 64 + 16, 96 = 64 + 32, ...) keep 8: the fused
+    launch (_fp8_quant_qkv) at 4 warps read or wrote out of bounds at 96 and 112 columns on the
+    H200 (an illegal address; each part launched alone ran), and at 8 it ran on every width
+    (tests/gpu/test_gpu_fp8.py::test_gpu_fp8_prologue_every_width)."""
+    return 4 if width <= 128 and len(rotation_blocks(width)) == 1 else 8
 
 
 def _rows_launch(mod: ModuleType, entry: str, x, tgt, name: str, cu, max_s: int, extra: dict,

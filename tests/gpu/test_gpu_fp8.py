@@ -154,6 +154,91 @@ def test_gpu_fp8_q_inside_takes_bshd_views_and_says_so():
     assert_flash_rule("q inside", out, o64, oe, 2.0, 1e-3)
 
 
+def _e4m3_ulp(x: torch.Tensor) -> torch.Tensor:
+    """The spacing of e4m3 values at |x| (3 mantissa bits; subnormals 2^-9 apart)."""
+    e = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** -6)))
+    return torch.exp2(e - 3)
+
+
+def _close_e4m3(name: str, got: torch.Tensor, ref: torch.Tensor) -> None:
+    """got (e4m3 as float64) equals ref except for roundings of ties the other way: at most one
+    e4m3 step apart, on at most 1 in 1000 entries (the kernel's fp32 rotation sums and x * (1 / d)
+    against float64 and x / d)."""
+    assert torch.isfinite(got).all(), f"{name}: non-finite values (poison left)"
+    diff = (got - ref).abs()
+    step = _e4m3_ulp(torch.maximum(got.abs(), ref.abs()))
+    assert bool((diff <= step * 1.0001).all()), f"{name}: off by more than one e4m3 step: max {diff.max().item()}"
+    off = int((diff > 0).sum())
+    assert off <= max(4, ref.numel() // 1000), f"{name}: {off} of {ref.numel()} entries differ"
+
+
+@pytest.mark.parametrize("width, dv", [(w, w) for w in range(16, 257, 16)] + [(96, 40), (120, 128)])
+def test_gpu_fp8_prologue_every_width(width, dv):
+    """The prologue as the runtime launches it (one launch, Q, K and V programs, the warps of
+    fwd_fp8.quant_warps) on every qk width from 16 to 256 columns, against PyTorch: Q and K
+    rotated by rotation_matrix in float64 and quantized per block of 128 rows, V quantized and
+    transposed (keys in the Gluon kernel's order where the module uses it), V^T's padding zero.
+    Outputs poisoned before the launch. (At 4 warps the fused launch faulted at 96 and 112
+    columns on the H200.)"""
+    from attngen.runtime import loader
+
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", width, dv, 3, "causal")
+    mod = loader.load(spec)
+    B, hq, hkv, sq, sk = 2, 6, 2, 203, 1023
+    q, k, v = random_inputs((B, hq, sq, width), (B, hkv, sk, width), (B, hkv, sk, dv), dtype=torch.bfloat16,
+                            device=DEV, seed=width + dv)
+    w = f8.qk_width(spec)
+    perm16 = bool(mod.WS_KEY_ORDER16)
+    bufs = f8.alloc(f8.buffers(spec, q, k, v, False), DEV)
+    for t in bufs.values():
+        (t.view(torch.uint8).fill_(0x7F) if t.dtype == torch.float8_e4m3fn else t.fill_(float("nan")))
+    la = f8.prologue_launch(mod, spec, q, k, v, bufs, f8.rotation(w, f8.ROTATION_SEED, q.dtype, DEV), perm16=perm16,
+                            use_pdl=False)
+    la.run()
+    torch.cuda.synchronize()
+    m = f8t.rotation_matrix(width).to(DEV)
+    for name, x, s in (("Q", q, sq), ("K", k, sk)):
+        x8, d = f8t.quantize_ref((x.double() @ m).float())
+        _close_e4m3(f"{name}8 w{width}", bufs[name + "8"][..., :s, :].double(), x8)
+        torch.testing.assert_close(bufs[name + "Scale"][..., :d.shape[-1]], d, rtol=1e-5, atol=0)
+    _, vd = f8t.quantize_ref(v.float())
+    torch.testing.assert_close(bufs["VScale"][..., :vd.shape[-1]], vd, rtol=1e-5, atol=0)
+    vt = bufs["Vt"].double()  # (B, Hkv, Dv, S_pad), keys contiguous
+    pad = vt.shape[-1]
+    if perm16:  # stored position 4t + 2h + b holds key 8h + 2t + b within each 16
+        vt = vt.reshape(B, hkv, dv, pad // 16, 4, 2, 2).transpose(-3, -2).reshape(B, hkv, dv, pad)
+    v8, _ = f8t.quantize_ref(v.float())
+    _close_e4m3(f"V8 w{width}", vt[..., :sk].transpose(-1, -2), v8)
+    assert bool((vt[..., sk:] == 0).all()), "V^T's padding past the keys is not zero"
+
+
+def test_gpu_fp8_q_base_off_16_bytes_keeps_the_prologues_q8():
+    """A 16-bit q whose base is 2 bytes past a multiple of 16 (the copy engine refuses it) on the
+    same shapes and strides as an aligned one: the aligned call quantizes Q inside the Gluon
+    kernel, the misaligned one keeps the prologue's Q8 (explain() says which), the two calls in
+    either order do not share a plan, and each is within the flash rule of float64 against its
+    own emulation (one descale per row of Q inside, per block of 128 rows in the prologue)."""
+    from attngen.runtime import fp8 as rt_fp8
+
+    g = torch.Generator(device=DEV).manual_seed(45)
+    big = torch.randn(1, 8, 1531, 136, generator=g, device=DEV).to(torch.bfloat16)  # rows of 272 bytes
+    _, k, v = random_inputs((1, 8, 1531, 128), (1, 2, 1531, 128), (1, 2, 1531, 128), dtype=torch.bfloat16,
+                            device=DEV, seed=45)
+    qa, qm = big[..., :128], big[..., 1:129]
+    assert qa.data_ptr() % 16 == 0 and qm.data_ptr() % 16 == 2 and qa.stride() == qm.stride()
+    assert attngen.explain(qa, k, v, causal=True, precision="fp8")["q_in_kernel"] is True
+    assert attngen.explain(qm, k, v, causal=True, precision="fp8")["q_in_kernel"] is False
+    for order in ((qa, qm), (qm, qa)):
+        rt_fp8._PLANS.clear(), rt_fp8._FAST.clear()
+        with torch.no_grad():
+            outs = [attngen.attention(q, k, v, causal=True, precision="fp8") for q in order + order]
+        for q, o, again in zip(order, outs[:2], outs[2:]):
+            assert torch.equal(o, again)
+            o64, _ = attention_ref(q, k, v, causal=True)
+            oe, _ = f8t.emulate(q, k, v, causal=True, q_rows=q is qa)
+            assert_flash_rule(f"q base {q.data_ptr() % 16}", o, o64, oe, 2.0, 1e-3)
+
+
 @pytest.mark.parametrize("consumers", [0, 1, 2])
 def test_gpu_fp8_programmatic_dependent_launch(monkeypatch, consumers):
     """On sm90 the attention launch follows the prologue with programmatic dependent launch (its
