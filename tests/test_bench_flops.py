@@ -255,3 +255,11 @@ def test_bench_imports_no_optional_dependencies():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, f"importing attngen.bench pulled in {res.stdout} {res.stderr}"
 
+
+
+def test_the_decode_and_fp8_benches_run_their_first_case_twice_and_keep_the_second():
+    from attngen.bench.run import with_discarded_first
+
+    assert with_discarded_first(["a", "b"]) == [("a", False), ("a", True), ("b", True)]
+    assert with_discarded_first(iter(["a"])) == [("a", False), ("a", True)]
+    assert with_discarded_first([]) == []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.bench.run import BUSY_MS, TIMING
+from attngen.bench.run import BUSY_MS, TIMING, with_discarded_first
 from attngen.devices import busy_gpu
 
 PROVIDERS = ("attngen-fp8", "attngen-fp8-triton", "attngen-fp8-precise", "attngen-fp8-norot", "attngen-fp8-kernel",
@@ -169,8 +169,9 @@ def run(cases, quick: bool = False, providers=None, out: str | None = None) -> d
     doc = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "python": platform.python_version(), "dtype": "bf16 inputs, e4m3 operands",
            "timing": {**timing, "return_mode": "median", "function": "triton.testing.do_bench"},
+           "first_case": "run once unrecorded before the rows (the first case timed in a process read low)",
            "flops": "4 x B x H x D x attended pairs (causal: S(S+1)/2)", "rows": rows}
-    for case in cases:
+    for case, keep in with_discarded_first(cases):
         bound = _providers(case, device)
         names = [n for n in bound if providers is None or n in providers]
         row = {"case": case.name, "B": case.batch, "H": case.heads, "S": case.seqlen, "D": case.head_dim,
@@ -199,6 +200,8 @@ def run(cases, quick: bool = False, providers=None, out: str | None = None) -> d
         for peer in ("cudnn-fp8", "cudnn", "attngen"):
             if "attngen-fp8" in row["tflops"] and peer in row["tflops"]:
                 row[f"attngen-fp8/{peer}"] = round(row["tflops"]["attngen-fp8"] / row["tflops"][peer], 3)
+        if not keep:  # the discarded first pass
+            continue
         rows.append(row)
         print(json.dumps({k: row[k] for k in ("case", "tflops", "notes")}), flush=True)
         if out:
