@@ -526,3 +526,16 @@ def test_fp8_plans_are_keyed_by_the_alignment_of_q():
         assert len(rt._FAST_QUANT) == 2
         for q, o in zip((q8a, q8m), outs8[2:]):
             assert torch.equal(o, attngen.attention_fp8(q.contiguous(), k8, v8, ones, ones, ones))
+
+
+def test_the_prologue_runs_at_4_warps_only_on_one_hadamard_block_up_to_128_columns():
+    """The fused prologue at 4 warps read or wrote out of bounds on the H200 at 96 and 112
+    columns (64 + 32 (+ 16): tests/gpu/test_gpu_fp8.py::test_gpu_fp8_prologue_every_width);
+    4 warps stay where they were measured faster (one block: 64, 128 columns), 8 elsewhere."""
+    assert [f8.quant_warps(w) for w in (16, 32, 64, 128)] == [4, 4, 4, 4]
+    assert [f8.quant_warps(w) for w in (40, 80, 96, 112, 192, 256)] == [8] * 6
+    spec = KernelSpec("fwd_fp8", "fp8_e4m3", "sm90", 96, 40, 3, "causal")
+    q, k, v = (torch.randn(1, h, 64, d).to(torch.bfloat16) for h, d in ((6, 96), (2, 96), (2, 40)))
+    bufs = f8.alloc(f8.buffers(spec, q, k, v, False), "cpu")
+    la = f8.prologue_launch(loader.load(spec), spec, q, k, v, bufs, None, use_pdl=False)
+    assert la.num_warps == 8
