@@ -6,7 +6,7 @@ tuning hooks. Imported by the tuner, the tests and the benchmark, never by the r
 from __future__ import annotations
 
 from attngen.families.fwd_fp8 import (E4M3_MAX, ROTATION_SEED, SCALE_BLOCK, alloc, buffers, fp8_launches,
-                                      key_order16, q_in_kernel, qk_width, quant_launches, rotation, rotation_blocks,
+                                      key_order16, prologue_launch, q_in_kernel, qk_width, rotation, rotation_blocks,
                                       signed_hadamard)
 
 
@@ -127,9 +127,11 @@ class TuningHooks:
         attn = fp8_launches(obj.mod, s, t["Q8"], t["K8"], t["Vt"], t["QScale"], t["KScale"], t["VScale"],
                             t["out"], t["lse"], obj.mask, cfg, cu_q, cu_k, p.seqlen_q,
                             q16=None if s.varlen else t["q"], rot=t["rot"])
-        quant = quant_launches(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q,
-                               p.seqlen_k, key_order16(obj.mod, attn))
-        return (quant[1:] if q_in_kernel(attn) else quant) + attn
+        # the prologue as the runtime's plan launches it: one launch, Q left out where the attention
+        # kernel quantizes it
+        quant = prologue_launch(obj.mod, s, t["q"], t["k"], t["v"], t, t["rot"], cu_q, cu_k, p.seqlen_q, p.seqlen_k,
+                                key_order16(obj.mod, attn), quant_q=not q_in_kernel(attn))
+        return [quant] + attn
 
     def reference(self, obj, t: dict) -> dict:
         """Per (batch or document): float64 attention and the emulation."""

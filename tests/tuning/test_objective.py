@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+import attngen
 from attngen.spec import load_spec
 from attngen.problem import Problem, keep_mask
 from attngen.families import bwd as fbwd
@@ -261,6 +262,12 @@ def test_fp8_objective_quantizes_inside_the_trial(monkeypatch):
     assert o.run(f8.Fp8Config(32, 32, 4, 1)).status == "ok"
     assert o.run(f8.Fp8Config(32, 32, 4, 1, precise_acc=True)).status == "ok"
     assert o.run(f8.Fp8Config(256, 32, 4, 1)).status == "invalid"
+    # the trial times the launches the runtime's plan makes: the prologue in one launch, then the
+    # attention kernel (here the Triton kernel: no Gluon on the CPU)
+    steps = o.hooks.steps(o, f8.Fp8Config(32, 32, 4, 1), o.sets[0])
+    assert [x.fn.__name__ for x in steps] == ["_fp8_quant_qkv", "_attn_fwd_fp8"]
+    assert [la["entry"] for la in attngen.explain(*(o.sets[0][n] for n in "qkv"), causal=True, precision="fp8")
+            ["launches"]] == ["_fp8_quant_qkv", "_attn_fwd_fp8"]
     from attngen.families import fwd_fp8_tuning as f8t
 
     real = f8t.fp8_launches
