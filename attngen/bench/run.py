@@ -23,6 +23,8 @@ TIMING = {"full": {"warmup_ms": 25, "rep_ms": 100}, "quick": {"warmup_ms": 5, "r
 # call may compile (Triton, FlexAttention) while the GPU idles and clocks down, and the first rows
 # of a process read 3-10x slow for every provider without it (H200, 2026-12-04)
 BUSY_MS = 200.0
+
+
 # The decode and fp8 benches run their first case twice and keep the second: after the busy wait,
 # the first case timed in a process still read low for most providers (H200, 2026-12-04: cuDNN
 # fp8 94 TFLOP/s at S512 against 145 in the run before; decode's first provider likewise).

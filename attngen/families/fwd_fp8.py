@@ -272,7 +272,7 @@ def quant_warps(width: int) -> int:
     hd128 S16k 63 / 69 / 74 at 4 / 8 / 16 warps, S4k 23 / 23 / 25; hd256 S16k 189 / 196 / 214 at
     8 / 16 / 32. Widths made of several blocks (80 = 64 + 16, 96 = 64 + 32, ...) keep 8: the fused
     launch (_fp8_quant_qkv) at 4 warps read or wrote out of bounds at 96 and 112 columns on the
-    H200 (an illegal address; each part launched alone ran), and at 8 it ran on every width
+    H200 (an illegal address; its K part launched alone ran), and at 8 it ran on every width
     (tests/gpu/test_gpu_fp8.py::test_gpu_fp8_prologue_every_width)."""
     return 4 if width <= 128 and len(rotation_blocks(width)) == 1 else 8
 
