@@ -203,13 +203,15 @@ def test_gpu_fp8_prologue_every_width(width, dv):
         torch.testing.assert_close(bufs[name + "Scale"][..., :d.shape[-1]], d, rtol=1e-5, atol=0)
     _, vd = f8t.quantize_ref(v.float())
     torch.testing.assert_close(bufs["VScale"][..., :vd.shape[-1]], vd, rtol=1e-5, atol=0)
-    vt = bufs["Vt"].double()  # (B, Hkv, Dv, S_pad), keys contiguous
-    pad = vt.shape[-1]
-    if perm16:  # stored position 4t + 2h + b holds key 8h + 2t + b within each 16
-        vt = vt.reshape(B, hkv, dv, pad // 16, 4, 2, 2).transpose(-3, -2).reshape(B, hkv, dv, pad)
+    vt = bufs["Vt"].double()  # (B, Hkv, Dv, S_pad), keys contiguous (in the Gluon kernel's order: perm16)
     v8, _ = f8t.quantize_ref(v.float())
-    _close_e4m3(f"V8 w{width}", vt[..., :sk].transpose(-1, -2), v8)
-    assert bool((vt[..., sk:] == 0).all()), "V^T's padding past the keys is not zero"
+    want = torch.zeros_like(vt)
+    want[..., :sk] = v8.transpose(-1, -2)
+    padding = torch.arange(vt.shape[-1], device=DEV) >= sk
+    if perm16:
+        want, padding = f8.permute_keys16(want), f8.permute_keys16(padding[None])[0]
+    _close_e4m3(f"V8 w{width}", vt, want)
+    assert bool((vt[..., padding] == 0).all()), "V^T's padding past the keys is not zero"
 
 
 def test_gpu_fp8_q_base_off_16_bytes_keeps_the_prologues_q8():
