@@ -4,6 +4,7 @@ made of them: registers, spilled bytes, shared memory, and how each wgmma takes 
 
     TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd --hd 128 --mask causal --config 64,64,4,3
     TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd_fp8 --hd 128 --mask none --config 128,128,4,3,consumers=2
+    TRITON_INTERPRET=0 python3 -m attngen.bench.probe fwd_fp8 --hd 96 --config 64,64,4,3 --prologue-warps 4
     TRITON_INTERPRET=0 python3 -m attngen.bench.probe bwd --hd 256 --mask causal \
         --config 32,64,4,2,64,64,4,2 --also split_dkdv=True
     ... --switch name=value   (a codegen option, attngen.codegen.render.template_context)
@@ -150,6 +151,142 @@ def main_loop(sass: str) -> dict | None:
             "waits_before_ex2": sum(o.startswith("WARPGROUP.DEPBAR") for o in best[:first_ex2])}
 
 
+_UNIFORM_REGISTER = re.compile(r"\bUR(\d+)\b")
+_DESCRIPTOR = re.compile(r"\b(g?desc)\[UR(\d+)\]")
+
+
+def _uniform_access(op: str, args: str) -> tuple[list[int], list[int]]:
+    """(read, written) uniform registers of one SASS instruction. A uniform-datapath instruction
+    (U...) writes its first operand when that is URn, or its second after a predicate output
+    (ULOP3.LUT UP0, UR4, ...); a .64 one reads and writes register pairs, a .WIDE multiply
+    writes a pair and reads its addend as one. gdesc[URn] (a wgmma's
+    descriptors) reads URn..URn+3 (A's pair and B's), only B's pair when A comes from registers;
+    desc[URn] a pair; an address in brackets one register; the data of another .64 instruction
+    (SYNCS.EXCH.64's value) a pair."""
+    ops = [a.strip() for a in args.split(",")] if args else []
+    uniform_op = op.startswith("U") or op.split(".")[0] in ("S2UR", "R2UR", "VOTEU", "REDUX", "LDCU")
+    wide = 2 if ".64" in op else 1
+    dest_at = None
+    if ops and re.fullmatch(r"UR\d+", ops[0]):
+        dest_at = 0
+    elif uniform_op and len(ops) > 1 and re.fullmatch(r"!?UP(\d|T)", ops[0]) and re.fullmatch(r"UR\d+", ops[1]):
+        dest_at = 1
+    pair_out = wide if uniform_op else 1
+    if ".WIDE" in op:  # (U)IMAD.WIDE: a 64-bit result, and its addend (the last operand) a pair
+        pair_out = 2
+    written = list(range(int(ops[dest_at][2:]), int(ops[dest_at][2:]) + pair_out)) if dest_at is not None else []
+    reads: list[int] = []
+    a_in_registers = len(ops) > 1 and re.fullmatch(r"R\d+", ops[1]) is not None
+    for i, a in enumerate(ops):
+        if i == dest_at:
+            continue
+        for kind, n in _DESCRIPTOR.findall(a):
+            n = int(n)
+            reads += range(n + 2, n + 4) if kind == "gdesc" and a_in_registers else \
+                range(n, n + (4 if kind == "gdesc" else 2))
+        rest = _DESCRIPTOR.sub("", a)
+        for inner in re.findall(r"\[([^\]]*)\]", rest):
+            reads += [int(n) for n in _UNIFORM_REGISTER.findall(inner)]
+        width = 2 if ".WIDE" in op and i == len(ops) - 1 else wide
+        for n in _UNIFORM_REGISTER.findall(re.sub(r"\[[^\]]*\]", "", rest)):
+            reads += range(int(n), int(n) + width)
+    return reads, written
+
+
+def undefined_uniform_reads(sass: str) -> list[str]:
+    """Uniform registers a kernel's SASS reads where some path from the function's entry wrote
+    none of them: 'address opcode URn' each (a forward must-be-written analysis over the basic
+    blocks that branches, exits and their targets make; a predicated write counts as a write).
+    ptxas 12.8 (Triton 3.6's) emits such a read in the wgmma descriptor arithmetic of the fp8
+    prologue at 4 warps on 96 and 112 columns: the A operand's address from a register nothing
+    wrote, the out-of-bounds shared-memory reads and illegal addresses seen on the H200. So every
+    compile is checked for them."""
+    bad = []
+    for func in re.split(r"\n\s*Function : ", sass):
+        ins = []
+        for addr, text in _SASS_INSTRUCTION.findall(func):
+            text = text.strip()
+            pred = re.match(r"^@(!?U?P\w+)\s+", text)
+            body = text[pred.end():] if pred else text
+            op, _, args = body.partition(" ")
+            ins.append((int(addr, 16), op, args.strip(), pred is not None and pred.group(1) not in ("PT", "UPT")))
+        if not ins:
+            continue
+        index = {a: i for i, (a, *_) in enumerate(ins)}
+        leaders = {0}
+        succ_of: dict[int, list[int]] = {}
+        for i, (a, op, args, predicated) in enumerate(ins):
+            base = op.split(".")[0]
+            targets = [index[int(t, 16)] for t in re.findall(r"0x([0-9a-f]+)", args) if int(t, 16) in index] \
+                if base in ("BRA", "JMP", "BSSY", "CALL") else []
+            ends = base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "BPT") and not predicated
+            if base in ("BRA", "JMP", "EXIT", "RET", "BRX", "JMX") or targets:
+                leaders.add(i + 1)
+            leaders.update(targets)
+            succ_of[i] = (targets if base != "BSSY" else []) + ([] if ends else [i + 1])
+        starts = sorted(x for x in leaders if x < len(ins))
+        block_of = {}
+        blocks = []
+        for b, lo in enumerate(starts):
+            hi = starts[b + 1] if b + 1 < len(starts) else len(ins)
+            blocks.append(range(lo, hi))
+            for i in range(lo, hi):
+                block_of[i] = b
+        succs = [{block_of[j] for j in succ_of[r[-1]] if j in block_of} for r in blocks]
+        # an indirect branch (BRX: the warp-specialized kernels' dispatch to their partitions
+        # through a table) may reach every block nothing else reaches
+        indirect = [b for b, r in enumerate(blocks) if ins[r[-1]][1].split(".")[0] in ("BRX", "JMX")]
+        preds: list[set[int]] = [set() for _ in blocks]
+        for b, ss in enumerate(succs):
+            for t in ss:
+                preds[t].add(b)
+        for t in [b for b in range(1, len(blocks)) if not preds[b]] if indirect else []:
+            for b in indirect:
+                succs[b].add(t)
+                preds[t].add(b)
+        reach, todo = {0}, [0]
+        while todo:
+            for t in succs[todo.pop()] - reach:
+                reach.add(t)
+                todo.append(t)
+        everything = set(range(256))
+        out = [set(everything) for _ in blocks]
+        access = [_uniform_access(op, args) for _, op, args, _ in ins]
+
+        def step(i: int, cur: set[int]) -> list[int]:
+            """Apply instruction i to the written set; its reads of unwritten registers. A copy
+            (UMOV, or MOV / IMAD.U32 / IMAD.MOV.U32 into a regular register: ptxas parks uniform
+            registers there around a wgmma's descriptor set-up and moves them back with R2UR) is
+            not a use: it reports nothing, and a UMOV of an unwritten register writes nothing."""
+            reads, written = access[i]
+            missing = [n for n in dict.fromkeys(reads) if n not in cur]
+            op = ins[i][1]
+            if op == "UMOV" or op in ("MOV", "IMAD.U32", "IMAD.MOV.U32", "IMAD.MOV"):
+                if not (op == "UMOV" and missing):
+                    cur.update(written)
+                return []
+            cur.update(written)
+            return missing
+        changed = True
+        while changed:
+            changed = False
+            for b, r in enumerate(blocks):
+                if b not in reach:
+                    continue
+                cur = set() if b == 0 else set.intersection(*(out[p] for p in preds[b] if p in reach))
+                for i in r:
+                    step(i, cur)
+                if cur != out[b]:
+                    out[b], changed = cur, True
+        for b, r in enumerate(blocks):
+            if b not in reach:
+                continue
+            cur = set() if b == 0 else set.intersection(*(out[p] for p in preds[b] if p in reach))
+            for i in r:
+                bad += [f"{ins[i][0]:04x} {ins[i][1]} UR{n}" for n in step(i, cur)]
+    return bad
+
+
 def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sig, const, attrs = signature(launch)
     if getattr(launch.fn, "is_gluon", lambda: False)():
@@ -196,6 +333,7 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     cubin.write_bytes(ck.asm["cubin"])
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     rep["main_loop"] = main_loop(sass)
+    rep["undefined_uniform_reads"] = undefined_uniform_reads(sass)
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -223,6 +361,8 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
     ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
+    ap.add_argument("--prologue-warps", type=int, default=0,
+                    help="fwd_fp8: the one-launch prologue's warps (default: fwd_fp8.quant_warps, as the runtime)")
     ap.add_argument("--dump", default=None)
     ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
     args = ap.parse_args(argv)
@@ -257,8 +397,11 @@ def main(argv=None) -> int:
         fused = fwd_fp8.fp8_launches(*fa, gluon=True, use_pdl=True, q16=q, rot=rot)
         perm = fwd_fp8.key_order16(mod, launches)
         quant = fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, rot, perm16=perm, use_pdl=True)
+        # the runtime's prologue: one launch (_fp8_quant_qkv) at fwd_fp8.quant_warps, or --prologue-warps
+        whole = fwd_fp8.prologue_launch(mod, spec, q, k, v, bufs, rot, perm16=perm, use_pdl=True)
+        whole.num_warps = args.prologue_warps or whole.num_warps
         launches = [quant[0], quant[2], fwd_fp8.quant_launches(mod, spec, q, k, v, bufs, None, use_pdl=True)[0],
-                    *launches, *(fused if fwd_fp8.q_in_kernel(fused) else [])]
+                    whole, *launches, *(fused if fwd_fp8.q_in_kernel(fused) else [])]
     elif args.family == "fwd" and args.varlen:
         packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, out)]
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
@@ -289,6 +432,8 @@ def main(argv=None) -> int:
         print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
               f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
               f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
+        if rep["undefined_uniform_reads"]:
+            print(f"    uniform registers read before any write: {', '.join(rep['undefined_uniform_reads'][:8])}")
         if rep["main_loop"]:
             ml = rep["main_loop"]
             print(f"    main loop: {ml['instructions']} instructions, {ml['wgmma']} wgmma, {ml['ex2']} ex2, "

@@ -32,9 +32,12 @@ def test_fp8_gluon_forward_is_fp8_wgmma_with_a_matmul_in_flight(hd, mask, gqa, c
     assert check_fp8(spec, cfg) is None, check_fp8(spec, cfg)
     q16 = torch.empty(1, 1, 1, hd, dtype=torch.bfloat16)
     reports = probe("fwd_fp8", "--hd", str(hd), "--gqa", str(gqa), "--mask", mask, "--config", config)
-    # the prologue's three kernels, the attention kernel on the prologue's Q8, and the one that
-    # quantizes Q itself (attention(precision="fp8")'s, where its shared memory fits)
-    prologue, ws, fused = reports[:3], reports[3], reports[4:]
+    # the prologue's three kernels, the runtime's one-launch prologue, the attention kernel on the
+    # prologue's Q8, and the one that quantizes Q itself (attention(precision="fp8")'s, where its
+    # shared memory fits)
+    prologue, whole, ws, fused = reports[:3], reports[3], reports[4], reports[5:]
+    assert whole["kernel"] == "_fp8_quant_qkv" and whole["spill_stores"] == 0, whole
+    assert whole["griddepcontrol"] == ["launch_dependents"], whole
     assert len(fused) == (1 if ws_quant_q(spec, cfg, q16, q16, True) else 0), reports
     # the prologue (Q rotated, V, Q not rotated) compiles without spilling
     assert [r["kernel"] for r in prologue] == ["_fp8_quant_qk", "_fp8_quant_v", "_fp8_quant_qk"], prologue

@@ -15,13 +15,19 @@ from attngen.env import REPO_ROOT
 
 
 
-def probe(*args: str) -> list[dict]:
-    """attngen.bench.probe in a process of its own (Triton's interpreter off there)."""
+def probe(*args: str, defined: bool = True) -> list[dict]:
+    """attngen.bench.probe in a process of its own (Triton's interpreter off there). defined: every
+    launch's SASS reads only uniform registers that every path to the read has written (ptxas 12.8
+    does not always: attngen.bench.probe.undefined_uniform_reads)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     res = subprocess.run([sys.executable, "-m", "attngen.bench.probe", *args, "--json"], capture_output=True,
                          text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
+    reports = json.loads(res.stdout.strip().splitlines()[-1])
+    if defined:
+        assert all(r["undefined_uniform_reads"] == [] for r in reports), [
+            (r["kernel"], r["num_warps"], r["undefined_uniform_reads"]) for r in reports if r["undefined_uniform_reads"]]
+    return reports
 
 
 @pytest.mark.parametrize("fam, config, kernel", [
