@@ -270,9 +270,11 @@ def quant_warps(width: int) -> int:
     block of at most 128 columns (167 registers at hd128, no spills), else 8 (245 at hd256; 4
     spill). H200, the K / V launch, B1 H16, µs (benchmarks/ab/h200_ab_fp8_prologue_warps_2026-12-04.json):
     hd128 S16k 63 / 69 / 74 at 4 / 8 / 16 warps, S4k 23 / 23 / 25; hd256 S16k 189 / 196 / 214 at
-    8 / 16 / 32. Widths made of several blocks (80 = 64 + 16, 96 = 64 + 32, ...) keep 8: the fused
-    launch (_fp8_quant_qkv) at 4 warps read or wrote out of bounds at 96 and 112 columns on the
-    H200 (an illegal address; its K part launched alone ran), and at 8 it ran on every width
+    8 / 16 / 32. Widths made of several blocks (80 = 64 + 16, 96 = 64 + 32, ...) keep 8: at 4 warps
+    ptxas 12.8 (Triton 3.6's) builds the 32-column block's wgmma descriptors at 96 and 112 columns
+    from a uniform register nothing writes (wrong Q8 / K8 and illegal addresses on the H200;
+    attngen.bench.probe.undefined_uniform_reads, tests/codegen/test_sass_uniform_registers.py),
+    and at 8 every width compiles cleanly and ran
     (tests/gpu/test_gpu_fp8.py::test_gpu_fp8_prologue_every_width)."""
     return 4 if width <= 128 and len(rotation_blocks(width)) == 1 else 8
 
