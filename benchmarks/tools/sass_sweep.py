@@ -5,8 +5,10 @@ prologue's illegal addresses at 4 warps). The configs: the GPU grid's forced pat
 (tests/gpu/test_gpu_grid.py's FWD_PATHS / BWD_PATHS), the shipped winners' configs and the packed
 documents' kernels at head dims 64, 96, 128 and 256 under the three masks; the fp8 family's Gluon
 and Triton configs (with the prologue the runtime launches) at every qk width class from 16 to 256;
-and the defaults and pointer / TMA fallbacks at the other head dims (8 ... 224). A config a spec
-cannot take is recorded as its InvalidConfig and skipped.
+the defaults and pointer / TMA fallbacks at the other head dims (8 ... 224); and the decode family's
+defaults and shipped winners at hd64 / 128 / 256, one and four query rows, a contiguous or paged
+cache in bf16 or e4m3, split and not. A config a spec cannot take is recorded as its InvalidConfig
+and skipped.
 
     python3 benchmarks/tools/sass_sweep.py OUT.json [--workers 2]    # about 25 minutes on 2 cores
 """
@@ -80,13 +82,66 @@ def jobs() -> list[tuple]:
             sb = KernelSpec("bwd", "bf16", "sm90", hd, hd, 1, mask)
             for c in sorted({cfg_str(bwd.default_bwd_config(sb, "cuda")), "64,64,4,2,64,64,4,2,tma=False"}):
                 out.append(("bwd", hd, mask, 1, c, False))
+    decode = {"128,8,2,0", "64,4,3,0", "64,2,3,0", "32,4,2,0",  # the defaults (decode.py)
+              "64,2,4,0", "32,2,3,1", "32,2,3,0", "32,4,3,0", "64,2,3,32", "64,4,2,8", "64,4,3,32"}  # winners
+    for hd in (64, 128, 256):
+        for layout in ("contiguous", "paged", "contiguous-e4m3", "paged-e4m3"):
+            for sq in (1, 4):
+                out += [("decode", hd, "causal", 4, c, f"{layout}-q{sq}") for c in sorted(decode)]
     return out
+
+
+def run_decode(job: tuple) -> list[dict]:
+    """The decode launches (the split kernel, and the combine where the call splits) of one job."""
+    import math
+    import tempfile
+
+    import torch
+
+    from attngen.bench.probe import probe
+    from attngen.families import decode as fd
+    from attngen.kernels.common import MaskArgs
+    from attngen.runtime import loader
+    from attngen.spec import KernelSpec
+
+    _, hd, mask, gqa, cfg_text, variant = job
+    layout, sq = variant.rsplit("-q", 1)
+    sq = int(sq)
+    spec = KernelSpec("decode", "bf16", "sm90", hd, hd, gqa, mask)
+    mod = loader.load(spec)
+    B, hkv, cap, page = 2, 2, 4096, 16
+    hq = hkv * gqa
+    cfg = fd.DecodeConfig(*[int(x) for x in cfg_text.split(",")])
+    cdt = torch.float8_e4m3fn if layout.endswith("e4m3") else torch.bfloat16
+    paged = layout.startswith("paged")
+    q = torch.empty(B, sq, hq, hd, dtype=torch.bfloat16)
+    k = torch.empty((B * cap // page, page, hkv, hd) if paged else (B, cap, hkv, hd), dtype=cdt)
+    table = torch.zeros(B, cap // page, dtype=torch.int32) if paged else None
+    descale = torch.ones(B, hkv) if cdt != torch.bfloat16 else None
+    n, split_len = fd.splits(cfg, B, hkv, cap, 132)
+    ops, lps = fd.partial_shapes(B, hkv, n, fd.rows_tile(gqa, sq), hd)
+    launches = fd.decode_launches(mod, spec, q, k, k, torch.empty(B, sq, hq, hd, dtype=torch.bfloat16),
+                                  torch.empty(B, hq, sq), torch.empty(ops), torch.empty(lps),
+                                  MaskArgs(1 / math.sqrt(hd), 0.0, -1, 0, False), cfg, n, split_len,
+                                  cache_seqlens=torch.full((B,), cap - sq, dtype=torch.int32), block_table=table,
+                                  new_len=sq, k_descale=descale, v_descale=descale, use_pdl=True)
+    tmp = Path(tempfile.mkdtemp(prefix="attngen_sweep_"))
+    return [probe(la, tmp, None, la.fn.__name__) for la in launches]
 
 
 def run(job: tuple) -> dict:
     from attngen.bench import probe
 
     fam, hd, mask, gqa, cfg, varlen = job
+    if fam == "decode":
+        try:
+            reports = run_decode(job)
+        except Exception as exc:  # noqa: BLE001
+            reports = [{"error": f"{type(exc).__name__}: {str(exc)[:200]}"}]
+        return {"family": fam, "hd": hd, "mask": mask, "gqa": gqa, "config": cfg, "variant": varlen,
+                "launches": [{k: r[k] for k in ("kernel", "num_warps", "undefined_uniform_reads") if k in r}
+                             if "error" not in r else {"kernel": r.get("kernel"), "error": r["error"]}
+                             for r in reports]}
     args = [fam, "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", cfg, "--json"]
     buf = io.StringIO()
     try:
