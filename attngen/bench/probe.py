@@ -193,97 +193,95 @@ def _uniform_access(op: str, args: str) -> tuple[list[int], list[int]]:
     return reads, written
 
 
+def _control_flow(ins: list[tuple]) -> tuple[list[range], list[set[int]], set[int]]:
+    """Basic blocks of one SASS function (instruction index ranges: leaders are the entry, branch
+    and BSSY targets and what follows a branch or an exit), each block's predecessors, and the
+    blocks reachable from the entry. An indirect branch (BRX: a warp-specialized kernel's dispatch
+    to its partitions through a table) may reach every block nothing else reaches."""
+    index = {a: i for i, (a, *_) in enumerate(ins)}
+    leaders, succ_of = {0}, {}
+    for i, (_, op, args, predicated) in enumerate(ins):
+        base = op.split(".")[0]
+        targets = [index[int(t, 16)] for t in re.findall(r"0x([0-9a-f]+)", args) if int(t, 16) in index] \
+            if base in ("BRA", "JMP", "BSSY", "CALL") else []
+        ends = base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "BPT") and not predicated
+        if base in ("BRA", "JMP", "EXIT", "RET", "BRX", "JMX") or targets:
+            leaders.add(i + 1)
+        leaders.update(targets)
+        succ_of[i] = (targets if base != "BSSY" else []) + ([] if ends else [i + 1])
+    starts = sorted(x for x in leaders if x < len(ins))
+    blocks = [range(lo, starts[b + 1] if b + 1 < len(starts) else len(ins)) for b, lo in enumerate(starts)]
+    block_of = {i: b for b, r in enumerate(blocks) for i in r}
+    succs = [{block_of[j] for j in succ_of[r[-1]] if j in block_of} for r in blocks]
+    preds: list[set[int]] = [set() for _ in blocks]
+    for b, ss in enumerate(succs):
+        for t in ss:
+            preds[t].add(b)
+    indirect = [b for b, r in enumerate(blocks) if ins[r[-1]][1].split(".")[0] in ("BRX", "JMX")]
+    for t in [b for b in range(1, len(blocks)) if not preds[b]] if indirect else []:
+        for b in indirect:
+            succs[b].add(t)
+            preds[t].add(b)
+    reach, todo = {0}, [0]
+    while todo:
+        for t in succs[todo.pop()] - reach:
+            reach.add(t)
+            todo.append(t)
+    return blocks, preds, reach
+
+
 def undefined_uniform_reads(sass: str) -> list[str]:
     """Uniform registers a kernel's SASS reads where some path from the function's entry wrote
     none of them: 'address opcode URn' each (a forward must-be-written analysis over the basic
-    blocks that branches, exits and their targets make; a predicated write counts as a write).
-    ptxas 12.8 (Triton 3.6's) emits such a read in the wgmma descriptor arithmetic of the fp8
-    prologue at 4 warps on 96 and 112 columns: the A operand's address from a register nothing
+    blocks of _control_flow; a predicated write counts as a write, so this can miss, it does not
+    prove). ptxas 12.8 (Triton 3.6's) emits such a read in the wgmma descriptor arithmetic of the
+    fp8 prologue at 4 warps on 96 and 112 columns: the A operand's address from a register nothing
     wrote, the out-of-bounds shared-memory reads and illegal addresses seen on the H200. So every
-    compile is checked for them."""
+    compile is checked for them. A copy is not a use: ptxas parks uniform registers in regular ones
+    (MOV, IMAD.MOV.U32 R, RZ, RZ, UR) around a wgmma's descriptor set-up and moves them back with
+    R2UR; a UMOV of an unwritten register leaves its destination unwritten."""
     bad = []
     for func in re.split(r"\n\s*Function : ", sass):
         ins = []
         for addr, text in _SASS_INSTRUCTION.findall(func):
             text = text.strip()
             pred = re.match(r"^@(!?U?P\w+)\s+", text)
-            body = text[pred.end():] if pred else text
-            op, _, args = body.partition(" ")
+            op, _, args = (text[pred.end():] if pred else text).partition(" ")
             ins.append((int(addr, 16), op, args.strip(), pred is not None and pred.group(1) not in ("PT", "UPT")))
         if not ins:
             continue
-        index = {a: i for i, (a, *_) in enumerate(ins)}
-        leaders = {0}
-        succ_of: dict[int, list[int]] = {}
-        for i, (a, op, args, predicated) in enumerate(ins):
-            base = op.split(".")[0]
-            targets = [index[int(t, 16)] for t in re.findall(r"0x([0-9a-f]+)", args) if int(t, 16) in index] \
-                if base in ("BRA", "JMP", "BSSY", "CALL") else []
-            ends = base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "BPT") and not predicated
-            if base in ("BRA", "JMP", "EXIT", "RET", "BRX", "JMX") or targets:
-                leaders.add(i + 1)
-            leaders.update(targets)
-            succ_of[i] = (targets if base != "BSSY" else []) + ([] if ends else [i + 1])
-        starts = sorted(x for x in leaders if x < len(ins))
-        block_of = {}
-        blocks = []
-        for b, lo in enumerate(starts):
-            hi = starts[b + 1] if b + 1 < len(starts) else len(ins)
-            blocks.append(range(lo, hi))
-            for i in range(lo, hi):
-                block_of[i] = b
-        succs = [{block_of[j] for j in succ_of[r[-1]] if j in block_of} for r in blocks]
-        # an indirect branch (BRX: the warp-specialized kernels' dispatch to their partitions
-        # through a table) may reach every block nothing else reaches
-        indirect = [b for b, r in enumerate(blocks) if ins[r[-1]][1].split(".")[0] in ("BRX", "JMX")]
-        preds: list[set[int]] = [set() for _ in blocks]
-        for b, ss in enumerate(succs):
-            for t in ss:
-                preds[t].add(b)
-        for t in [b for b in range(1, len(blocks)) if not preds[b]] if indirect else []:
-            for b in indirect:
-                succs[b].add(t)
-                preds[t].add(b)
-        reach, todo = {0}, [0]
-        while todo:
-            for t in succs[todo.pop()] - reach:
-                reach.add(t)
-                todo.append(t)
-        everything = set(range(256))
-        out = [set(everything) for _ in blocks]
+        blocks, preds, reach = _control_flow(ins)
         access = [_uniform_access(op, args) for _, op, args, _ in ins]
 
         def step(i: int, cur: set[int]) -> list[int]:
-            """Apply instruction i to the written set; its reads of unwritten registers. A copy
-            (UMOV, or MOV / IMAD.U32 / IMAD.MOV.U32 into a regular register: ptxas parks uniform
-            registers there around a wgmma's descriptor set-up and moves them back with R2UR) is
-            not a use: it reports nothing, and a UMOV of an unwritten register writes nothing."""
+            """Instruction i applied to the written set `cur`; its reads of unwritten registers."""
             reads, written = access[i]
             missing = [n for n in dict.fromkeys(reads) if n not in cur]
-            op = ins[i][1]
-            if op == "UMOV" or op in ("MOV", "IMAD.U32", "IMAD.MOV.U32", "IMAD.MOV"):
-                if not (op == "UMOV" and missing):
-                    cur.update(written)
+            op, ops = ins[i][1], [a.strip() for a in ins[i][2].split(",")]
+            if op == "UMOV":
+                cur.update([] if missing else written)
+                return []
+            if op == "MOV" or (op.startswith("IMAD") and ops[1:3] == ["RZ", "RZ"]):
                 return []
             cur.update(written)
             return missing
+
+        def entry(b: int) -> set[int]:
+            return set() if b == 0 else set.intersection(*(out[p] for p in preds[b] if p in reach))
+
+        out = [set(range(256)) for _ in blocks]  # what is written at each block's end: none known yet
         changed = True
         while changed:
             changed = False
-            for b, r in enumerate(blocks):
-                if b not in reach:
-                    continue
-                cur = set() if b == 0 else set.intersection(*(out[p] for p in preds[b] if p in reach))
-                for i in r:
+            for b in sorted(reach):
+                cur = entry(b)
+                for i in blocks[b]:
                     step(i, cur)
                 if cur != out[b]:
                     out[b], changed = cur, True
-        for b, r in enumerate(blocks):
-            if b not in reach:
-                continue
-            cur = set() if b == 0 else set.intersection(*(out[p] for p in preds[b] if p in reach))
-            for i in r:
-                bad += [f"{ins[i][0]:04x} {ins[i][1]} UR{n}" for n in step(i, cur)]
+        for b in sorted(reach):
+            cur = entry(b)
+            bad += [f"{ins[i][0]:04x} {ins[i][1]} UR{n}" for i in blocks[b] for n in step(i, cur)]
     return bad
 
 

@@ -72,6 +72,9 @@ def test_a_copy_is_not_a_use_and_a_copy_of_nothing_writes_nothing():
     assert undefined_uniform_reads(parked) == []
     copied = listing("UMOV UR5, UR9", "UIADD3 UR6, UR5, 0x2, URZ", "EXIT")
     assert undefined_uniform_reads(copied) == ["0010 UIADD3 UR5"]
+    # IMAD is a copy only as IMAD.MOV.U32 R, RZ, RZ, UR; a multiply by a uniform register is a use
+    mul = listing("IMAD.MOV.U32 R4, RZ, RZ, UR9", "IMAD.U32 R5, R2, UR9, R3", "EXIT")
+    assert undefined_uniform_reads(mul) == ["0010 IMAD.U32 UR9"]
 
 
 def test_blocks_behind_an_indirect_branch_start_from_the_dispatch():
