@@ -129,28 +129,26 @@ def run_decode(job: tuple) -> list[dict]:
     return [probe(la, tmp, None, la.fn.__name__) for la in launches]
 
 
-def run(job: tuple) -> dict:
+def run_probe(job: tuple) -> list[dict]:
+    """The probe's launches of one fwd / bwd / fwd_fp8 job (its reports, as --json prints them)."""
     from attngen.bench import probe
 
     fam, hd, mask, gqa, cfg, varlen = job
-    if fam == "decode":
-        try:
-            reports = run_decode(job)
-        except Exception as exc:  # noqa: BLE001
-            reports = [{"error": f"{type(exc).__name__}: {str(exc)[:200]}"}]
-        return {"family": fam, "hd": hd, "mask": mask, "gqa": gqa, "config": cfg, "variant": varlen,
-                "launches": [{k: r[k] for k in ("kernel", "num_warps", "undefined_uniform_reads") if k in r}
-                             if "error" not in r else {"kernel": r.get("kernel"), "error": r["error"]}
-                             for r in reports]}
     args = [fam, "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", cfg, "--json"]
     buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        probe.main(args + (["--varlen"] if varlen else []))
+    return json.loads(buf.getvalue().strip().splitlines()[-1])
+
+
+def run(job: tuple) -> dict:
+    fam, hd, mask, gqa, cfg, variant = job
     try:
-        with contextlib.redirect_stdout(buf):
-            probe.main(args + (["--varlen"] if varlen else []))
-        reports = json.loads(buf.getvalue().strip().splitlines()[-1])
+        reports = run_decode(job) if fam == "decode" else run_probe(job)
     except Exception as exc:  # noqa: BLE001 -- a config a spec cannot take is recorded
         reports = [{"error": f"{type(exc).__name__}: {str(exc)[:200]}"}]
-    return {"family": fam, "hd": hd, "mask": mask, "gqa": gqa, "config": cfg, "varlen": varlen,
+    return {"family": fam, "hd": hd, "mask": mask, "gqa": gqa, "config": cfg,
+            ("variant" if fam == "decode" else "varlen"): variant,
             "launches": [{k: r[k] for k in ("kernel", "num_warps", "undefined_uniform_reads") if k in r}
                          if "error" not in r else {"kernel": r.get("kernel"), "error": r["error"]} for r in reports]}
 
