@@ -7,6 +7,7 @@ from pathlib import Path
 
 import jinja2
 
+from attngen.codegen import exprgen
 from attngen import env
 from attngen._version import __version__
 from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash, sha256
@@ -163,6 +164,11 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "ws_fwd": spec.family == "fwd" and family("fwd").variants(spec)["ws"],
         "ws_bwd": spec.family == "bwd" and family("bwd").variants(spec)["ws"],
         "tile_order": tile_order,
+        # expressions (attngen.codegen.exprgen): the fragments' helper and this spec's names; the
+        # sm90 TMA / Gluon kernels take no expressions yet (the pointer kernels serve them)
+        "xg": exprgen,
+        "x": exprgen.fragments(spec),
+        "tma_kernels": spec.target == "sm90" and not spec.has_expr,
         "dq_reverse": dq_reverse,
         # the fp8 Gluon kernel's P to P.V's operand: through the key reorder (the prologue's PERM16)
         # or a layout conversion (A/B; the caller then runs the prologue without PERM16)

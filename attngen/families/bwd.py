@@ -14,7 +14,7 @@ import triton
 
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
+from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
                                     programs, roles, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
 
@@ -68,7 +68,7 @@ def ws_backward(spec: KernelSpec) -> bool:
     softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
     accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
     per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""
-    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
+    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap and not spec.has_expr
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
 
 
@@ -271,7 +271,8 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
 
 def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, delta, dq, dk, dv,
                  mask: MaskArgs, cfg: BwdConfig, atomic: bool, cu_seqlens_q=None, cu_seqlens_k=None,
-                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, gluon: bool | None = None) -> list[Launch]:
+                 max_seqlen_q: int = 0, max_seqlen_k: int = 0, gluon: bool | None = None,
+                 extra: dict | None = None) -> list[Launch]:
     """Preprocess (delta = rowsum(dO * O)), dK/dV, and dQ unless `atomic` (then `dq` is the fp32
     accumulator the dK/dV kernel adds into, zeroed by the caller). Shapes as fwd_launches; delta
     has lse's shape and strides. gluon: whether the Gluon dK/dV pass may serve (None: on a GPU
@@ -313,7 +314,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
         "qk_scale": qk_scale, "ds_scale": mask.scale, "softcap_in": softcap_in,
         "softcap_out": softcap_out, "diag_offset": diag, "window_left": mask.window_left,
         "window_right": mask.window_right, "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": wide,
-        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v, "GQA": spec.gqa_ratio,
+        "PAD_QK": spec.pad_qk, "PAD_V": spec.pad_v, "GQA": spec.gqa_ratio, **expr_values(extra),
     }
     ok = rows_q > 0 and rows_k > 0
 

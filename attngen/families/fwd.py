@@ -13,7 +13,7 @@ import triton
 
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
+from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec, head_chunks
 
@@ -82,7 +82,7 @@ def ws_forward(spec: KernelSpec) -> bool:
     softcapping, the same
     head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
     softcapping and the other head dims keep the Triton kernels)."""
-    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap
+    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap and not spec.has_expr
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
 
 
@@ -318,7 +318,7 @@ def _sm90_fwd_default(d: int, varlen: bool = False) -> FwdConfig:
 
 def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: MaskArgs, cfg: FwdConfig,
                  cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q: int = 0,
-                 gluon: bool | None = None) -> list[Launch]:
+                 gluon: bool | None = None, extra: dict | None = None) -> list[Launch]:
     """Dense: q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D), out (B, Hq, Sq, Dv), lse (B, Hq, Sq) fp32, any
     strides (a bshd tensor is passed as its permuted view). Packed (cu_seqlens given): q (Tq, Hq, D),
     k/v (Tk, Hkv, D), out (Tq, Hq, Dv), lse (Hq, Tq). gluon: whether a Gluon kernel may serve
@@ -341,7 +341,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
         "window_left": mask.window_left, "window_right": mask.window_right,
         "ALIGN_TOP_LEFT": mask.align_top_left, "OFFS_64": needs_int64(q, k, v, out, lse),
         "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "LAZY_RESCALE": bool(cfg.lazy_rescale),
-        "GQA": spec.gqa_ratio,
+        "GQA": spec.gqa_ratio, **expr_values(extra),
     }
     # the Gluon kernel needs the GPU (Triton's interpreter does not run Gluon)
     use_ws = (bool(cfg.consumers) and has_entry(mod, "_attn_fwd_ws") and getattr(cfg, "tma", False)

@@ -533,3 +533,17 @@ def _hooks_off() -> bool:
 
 def _stream(index: int):
     return torch._C._cuda_getCurrentRawStream(index)
+
+
+def expr_values(extra: dict | None) -> dict:
+    """Launch values of an expression kernel's parameter tensors (XP_<name>: the tensor and, per
+    axis i, xp_<name>_s<i> / xp_<name>_n<i>, its stride and extent) and learned sinks ("Sinks")."""
+    values = {}
+    for name, t in (extra or {}).items():
+        values[name] = t
+        if name.startswith("XP_"):
+            short = name[3:]
+            for i in range(t.dim()):
+                values[f"xp_{short}_s{i}"] = t.stride(i)
+                values[f"xp_{short}_n{i}"] = t.shape[i]
+    return values

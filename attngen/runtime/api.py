@@ -38,7 +38,9 @@ class ForwardPlan(Plan):
     FAMILY = FWD
     ALIGNED = ("Q", "K", "V", "cu_seqlens_q", "cu_seqlens_k")
 
-    def __init__(self, q, k, v, opts: Options, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0):
+    def __init__(self, q, k, v, opts: Options, cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0,
+                 extra: dict | None = None):
+        self._extra = extra or {}
         packed = opts.layout == "packed"
         qv, kv, vv = (q, k, v) if packed else dense_views(q, k, v, opts.layout)
         d = Dims.of(qv, kv, vv, packed, cu_q, max_q, max_k)
@@ -56,7 +58,7 @@ class ForwardPlan(Plan):
         out = torch.empty(self.out_shape, dtype=self.dtype, device=device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=device)
         self.compile(fwd_launches(self.module, self.spec, qv, kv, vv, self.out_view(out), lse,
-                                  self.opts.mask_args, self.config, cu_q, cu_k, self._max[0]))
+                                  self.opts.mask_args, self.config, cu_q, cu_k, self._max[0], extra=self._extra))
 
     def bind_shadows(self) -> None:
         self._scratch = None
@@ -69,8 +71,8 @@ class ForwardPlan(Plan):
     def out_view(self, out):
         return out.transpose(1, 2) if self.layout == "bshd" else out
 
-    def run(self, q, k, v, cu_q=None, cu_k=None, want_lse=True):
-        """(out, lse); with want_lse=False the kernel writes the LSE into this plan's scratch
+    def run(self, q, k, v, cu_q=None, cu_k=None, want_lse=True, extra=None):
+        """(out, lse); extra: the call's expression parameters and sinks by kernel name; with want_lse=False the kernel writes the LSE into this plan's scratch
         buffer (one allocation less per call; calls are stream-ordered, and nobody reads it) and
         the returned lse is that buffer."""
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
@@ -82,8 +84,10 @@ class ForwardPlan(Plan):
                 lse = self._scratch = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q,
                    "cu_seqlens_k": cu_k}
+        if extra:
+            tensors.update(extra)
         if not self.launch(tensors):
-            return self.portable().run(q, k, v, cu_q, cu_k, want_lse)
+            return self.portable().run(q, k, v, cu_q, cu_k, want_lse, extra)
         return out, lse
 
 
@@ -94,13 +98,15 @@ class BackwardPlan(Plan):
     ALIGNED = ("Q", "K", "V", "Out", "DO", "cu_seqlens_q", "cu_seqlens_k")
 
     def __init__(self, dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None,
-                 cu_k=None, max_q: int = 0, max_k: int = 0, pointer_only: bool = False):
+                 cu_k=None, max_q: int = 0, max_k: int = 0, pointer_only: bool = False, extra: dict | None = None):
+        self._extra = extra or {}
         packed = opts.layout == "packed"
         d = Dims.of(*((q, k, v) if packed else dense_views(q, k, v, opts.layout)), packed, cu_q,
                     max_q, max_k)
         self.opts, self._max = opts, (max_q, max_k)
         self.resolve(q, d, opts, packed, misaligned=pointer_only)
-        self.atomic = self.config.atomic_dq and not deterministic
+        # learnable expression parameters: their gradient comes from the dQ pass
+        self.atomic = self.config.atomic_dq and not deterministic and not self.spec.has_expr
         self._shadows = self.shadows(dout, q, k, v, out, lse, cu_q, cu_k)
         self.bind(dout, q, k, v, out, lse, cu_q, cu_k)
 
@@ -110,7 +116,8 @@ class BackwardPlan(Plan):
                  for t in (q, k, v, out, dout, dq_acc, dk, dv_)]
         qv, kv, vv, outv, doutv, dqv, dkv, dvv = views
         self.compile(bwd_launches(self.module, self.spec, qv, kv, vv, outv, doutv, lse, delta, dqv, dkv,
-                                  dvv, self.opts.mask_args, self.config, self.atomic, cu_q, cu_k, *self._max))
+                                  dvv, self.opts.mask_args, self.config, self.atomic, cu_q, cu_k, *self._max,
+                                  extra=self._extra))
 
     def bind_shadows(self) -> None:
         self.bind(*self._shadows)
@@ -121,14 +128,16 @@ class BackwardPlan(Plan):
         dq_acc = torch.zeros_like(q, dtype=torch.float32) if self.atomic else dq
         return dq, dk, dv, delta, dq_acc
 
-    def run(self, dout, q, k, v, out, lse, cu_q=None, cu_k=None):
+    def run(self, dout, q, k, v, out, lse, cu_q=None, cu_k=None, extra=None):
         dq, dk, dv, delta, dq_acc = self._buffers(q, k, v, lse)
         if q.numel() == 0 or k.numel() == 0:
             return dq.zero_(), dk.zero_(), dv.zero_()
         tensors = {"Q": q, "K": k, "V": v, "Out": out, "DO": dout, "DQ": dq_acc, "DK": dk, "DV": dv,
                    "Lse": lse, "Delta": delta, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k}
+        if extra:
+            tensors.update(extra)
         if not self.launch(tensors):
-            return self.portable().run(dout, q, k, v, out, lse, cu_q, cu_k)
+            return self.portable().run(dout, q, k, v, out, lse, cu_q, cu_k, extra)
         if self.atomic:
             dq.copy_(dq_acc)
         return dq, dk, dv
@@ -151,27 +160,34 @@ def launched() -> dict[str, list[tuple[str, int]]]:
             "bwd": [x for p in _BWD.values() for x in plan_launches(p)]}
 
 
-def _fwd_key(q, k, v, opts, cu_q, max_q, max_k):
+def extra_key(extra: dict | None):
+    """The part of a plan key that an expression call's tensors fix (their strides are bound once)."""
+    if not extra:
+        return None
+    return tuple((n, t.shape, t.stride(), t.dtype) for n, t in sorted(extra.items()))
+
+
+def _fwd_key(q, k, v, opts, cu_q, max_q, max_k, extra=None):
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts,
-            None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override())
+            None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override(), extra_key(extra))
 
 
-def forward_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0) -> ForwardPlan:
-    key = _fwd_key(q, k, v, opts, cu_q, max_q, max_k)
+def forward_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0, extra=None) -> ForwardPlan:
+    key = _fwd_key(q, k, v, opts, cu_q, max_q, max_k, extra)
     plan = _FWD.get(key)
     if plan is None:
         if cu_q is None and kvcache.routes_to_decode(q, k, opts):  # a short query on a long KV
             plan = _FWD.put(key, kvcache.DensePlan(q, k, v, opts))
         else:
-            plan = _FWD.put(key, ForwardPlan(q, k, v, opts, cu_q, cu_k, max_q, max_k))
+            plan = _FWD.put(key, ForwardPlan(q, k, v, opts, cu_q, cu_k, max_q, max_k, extra))
     return plan
 
 
-def checked_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0) -> ForwardPlan:
+def checked_plan(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0, extra=None) -> ForwardPlan:
     """forward_plan of a validated call, packed documents' cu_seqlens values checked first."""
     if opts.layout == "packed":
         check_cu_values(cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k, q.device)
-    return forward_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k)
+    return forward_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, extra)
 
 
 def forward_impl(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0):
@@ -180,15 +196,17 @@ def forward_impl(q, k, v, opts: Options, cu_q=None, cu_k=None, max_q=0, max_k=0)
 
 
 def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, cu_q=None, cu_k=None,
-                  max_q=0, max_k=0):
-    """(dq, dk, dv); the body of the backward op."""
+                  max_q=0, max_k=0, extra=None, want_params=None):
+    """(dq, dk, dv); the body of the backward op. An expression call passes its tensors (extra);
+    want_params (names of learnable parameters, or None): then (dq, dk, dv, {name: gradient})."""
     if dout.stride() != out.stride():  # e.g. the expanded gradient of out.sum()
         dout = dout.contiguous() if out.is_contiguous() else torch.empty_like(out).copy_(dout)
     key = (dout.stride(), q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
            out.stride(), q.dtype, q.device, opts, deterministic,
-           None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override())
+           None if cu_q is None else cu_q.shape, max_q, max_k, dispatch.override(), extra_key(extra))
     plan = _BWD.get(key)
     if plan is None:
         plan = _BWD.put(key, BackwardPlan(dout, q, k, v, out, lse, opts, deterministic, cu_q, cu_k,
-                                          max_q, max_k))
-    return plan.run(dout, q, k, v, out, lse, cu_q, cu_k)
+                                          max_q, max_k, extra=extra))
+    grads = plan.run(dout, q, k, v, out, lse, cu_q, cu_k, extra)
+    return grads if want_params is None else (*grads, {})

@@ -120,7 +120,7 @@ def _bshd(q, k, v, layout: str):
 def routes_to_decode(q, k, opts) -> bool:
     """Whether a validated dense call goes to the decode family: a short query on a long KV,
     causal alignment bottom-right (or no mask), and no forced forward config in scope."""
-    if opts.layout == "packed" or "fwd" in dispatch._forced_configs:
+    if opts.layout == "packed" or "fwd" in dispatch._forced_configs or opts.expr is not None:
         return False
     sq, sk = (q.shape[1], k.shape[1]) if opts.layout == "bshd" else (q.shape[2], k.shape[2])
     if opts.top_left and opts.mask != "none":

@@ -60,14 +60,15 @@ def check_device(device: torch.device, interpret: bool) -> None:
 
 
 def kernel_spec(family: str, dtype: torch.dtype, device: torch.device, dqk: int, dv: int, gqa: int,
-                mask: str, softcap: float, varlen: bool, kernel: tuple[str, str] | None = None
-                ) -> tuple[KernelSpec, bool]:
+                mask: str, softcap: float, varlen: bool, kernel: tuple[str, str] | None = None,
+                expr=None) -> tuple[KernelSpec, bool]:
     """(spec, interpret) for a validated call (plan misses only). kernel: the spec's (dtype, target)
     when the family fixes them (fp8 kernels: ("fp8_e4m3", "sm90") whatever the inputs and device)."""
     interpret = env.interpreting()
     check_device(device, interpret)
     dtype_name, target = kernel or (dispatch.DTYPE_NAMES[dtype], dispatch.device_target(device))
-    spec = _kernel_spec(family, dtype_name, target, dqk, dv, gqa, mask, softcap > 0, varlen)
+    fields = (expr.mask_expr, expr.score_expr, expr.params, expr.sinks) if expr is not None else ()
+    spec = _kernel_spec(family, dtype_name, target, dqk, dv, gqa, mask, softcap > 0, varlen, *fields)
     if interpret:
         from attngen.interp import patch_interpreter
 
@@ -115,7 +116,7 @@ class Plan:
         .device_class, .config, .config_source, .forced, .bucket)."""
         fam = self.FAMILY
         self.spec, interpret = kernel_spec(fam.name, q.dtype, q.device, d.dqk, d.dv, d.hq // d.hkv, opts.mask,
-                                           opts.softcap, packed, self.KERNEL)
+                                           opts.softcap, packed, self.KERNEL, getattr(opts, "expr", None))
         self.module = loader.load(self.spec)
         self.device_class = dispatch.device_class(q.device, interpret)
         self.bucket = d.bucket

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from attngen.families.decode import MAX_SPLITS
-from attngen.runtime import api, dispatch, fp8, kvcache, ops, validate
+from attngen.runtime import api, dispatch, exprs, fp8, kvcache, ops, validate
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -22,7 +24,7 @@ def _wants_grad(q, k, v) -> bool:
 
 def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
               layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right",
-              precision=None, rotate=True):
+              precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None):
     """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
@@ -36,7 +38,19 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     (per block of 128 rows; with rotate=True Q and K first get the same random Hadamard rotation,
     which spreads outlier features before quantization) and the fp8 kernels run; the output keeps
     q's dtype.
+
+    Expressions (docs/spec.md): mask_mod(b, h, q_idx, kv_idx) -> bool and score_mod(score, b, h,
+    q_idx, kv_idx) -> float, Python callables as FlexAttention's (traced once into the spec
+    language: no torch.compile, no recompile for new lengths; tensors they index become parameters)
+    or expression text whose parameters come in `params` ({name: tensor}); they combine with
+    causal / window_size (the built-in mask and the expression must both keep a pair). q_idx is
+    the query's position on the key axis (row + Sk - Sq under the default bottom-right alignment).
+    sinks (Hq,): a learned logit per query head that joins every row's softmax denominator
+    (gpt-oss); differentiable.
     """
+    if mask_mod is not None or score_mod is not None or sinks is not None or params:
+        return _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return_lse, deterministic,
+                               causal_alignment, precision, mask_mod, score_mod, sinks, params)
     if precision is not None and fp8.check_precision(precision, rotate):
         return _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse,
                               rotate)
@@ -67,6 +81,37 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
         out, lse = _EagerAttention.apply(q, k, v, plan, bool(deterministic))
     else:
         out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
+    return (out, lse) if return_lse else out
+
+
+def _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return_lse, deterministic,
+                    causal_alignment, precision, mask_mod, score_mod, sinks, params):
+    """attention() with expressions or sinks (eager; attngen.runtime.exprs)."""
+    if precision is not None:
+        raise ValueError("precision: the fp8 kernels take no expressions or sinks")
+    if torch.compiler.is_compiling():
+        raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile; call attention() "
+                         "with expressions outside the compiled region")
+    validate.check_dense(q, k, v, layout)
+    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    x, extra, learn = exprs.resolve(q, mask_mod, score_mod, sinks, params)
+    if learn:
+        raise ValueError(f"params: {', '.join(n for n, _ in learn)} require grad; gradients of expression "
+                         "parameters are not implemented yet (detach them; sinks are differentiable)")
+    hq = q.shape[1] if layout == "bhsd" else q.shape[2]
+    exprs.check_sinks(sinks, hq)
+    if x.mask_expr and opts.mask != "none":
+        # the built-in mask and the expression both apply: one expression
+        builtin = {"causal": "(kv_idx <= q_idx)",
+                   "sliding_window": f"((kv_idx <= (q_idx + {opts.window_right})) and "
+                                     f"(kv_idx >= (q_idx - {opts.window_left})))"}[opts.mask]
+        x = dataclasses.replace(x, mask_expr=f"({builtin} and {x.mask_expr})")
+        opts = dataclasses.replace(opts, mask="none")
+    if x.score_expr and opts.softcap > 0:
+        raise ValueError("softcap: a score_mod replaces softcapping; write it in the expression "
+                         "(tanh(score / cap) * cap)")
+    opts = dataclasses.replace(opts, expr=x)
+    out, lse = exprs.expr_attention(q, k, v, opts, extra, learn, sinks, bool(deterministic))
     return (out, lse) if return_lse else out
 
 

@@ -92,6 +92,8 @@ class Options:
     window_right: int
     top_left: bool
     layout: str  # "bhsd" | "bshd" | "packed"
+    # expressions (attngen.runtime.exprs.ExprSpec): mask / score expressions, parameters, sinks
+    expr: object = None
 
     @property
     def window(self) -> int | None:

@@ -49,6 +49,25 @@ class KernelSpec:
     mask: str  # "none" | "causal" | "sliding_window" (inside each document when varlen)
     softcap: bool = False  # tanh softcapping code present
     varlen: bool = False  # packed documents addressed through cu_seqlens
+    # expressions (attngen.spec.expr, canonical text; "" = none): a mask expression replaces the
+    # built-in mask (mask is then "none"), a score modification replaces softcapping
+    mask_expr: str = ""
+    score_expr: str = ""
+    params: tuple = ()  # ParamDecl of the parameters the expressions use
+    sinks: bool = False  # a learned per-head logit joins every row's softmax denominator
+
+    @property
+    def has_expr(self) -> bool:
+        return bool(self.mask_expr or self.score_expr or self.sinks)
+
+    @property
+    def expr_hash(self) -> str:
+        """Short hash of the expressions, parameters and sinks (part of the uri)."""
+        import hashlib
+
+        text = "|".join([self.mask_expr, self.score_expr, ";".join(p.text() for p in self.params),
+                         str(self.sinks)])
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def __post_init__(self) -> None:
         problems = _check_kernel_spec(self)
@@ -68,6 +87,8 @@ class KernelSpec:
         parts = ["attn", self.family, dtype, hd, f"gqa{self.gqa_ratio}", mask]
         if self.softcap:
             parts.append("softcap")
+        if self.has_expr:
+            parts.append(("sinks_" if self.sinks else "") + "x" + self.expr_hash)
         parts.append(self.target)
         return "_".join(parts)
 
@@ -127,10 +148,32 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
         p.append(f"gqa_ratio must be an integer >= 1, got {k.gqa_ratio!r}")
     if k.mask not in INNER_MASKS:
         p.append(f"mask must be one of {INNER_MASKS}, got {k.mask!r}")
+    if k.has_expr:
+        p.extend(_check_expr(k))
     if k.dtype == "fp8_e4m3" and k.target == "sm80":
         p.append("fp8_e4m3 needs target sm90 (sm80 has no fp8 tensor cores)")
     if (k.family == "fwd_fp8") != (k.dtype == "fp8_e4m3") and k.family in FAMILIES and k.dtype in DTYPES:
         p.append(f"family fwd_fp8 and dtype fp8_e4m3 go together (got {k.family} / {k.dtype})")
+    return p
+
+
+def _check_expr(k: KernelSpec) -> list[str]:
+    from attngen.spec import expr as X
+
+    p = []
+    if k.family == "fwd_fp8":
+        p.append("fp8 kernels take no expressions or sinks")
+    if k.mask_expr and k.mask != "none":
+        p.append("a mask expression replaces the built-in mask (mask must be 'none')")
+    if k.score_expr and k.softcap:
+        p.append("a score modification replaces softcapping (softcap must be off)")
+    params = {d.name: d for d in k.params}
+    for text, kind in ((k.mask_expr, "mask"), (k.score_expr, "score")):
+        if text:
+            try:
+                X.parse(text, kind, params)
+            except X.ExprError as e:
+                p.extend(f"{kind} expression: {x}" for x in e.problems)
     return p
 
 

@@ -1,0 +1,176 @@
+"""Expression kernels' code fragments: what the templates place where a mask, a score modification,
+their parameters, learned sinks and the loop ranges go (attngen.spec.expr compiles, the templates
+substitute; the fragments are statements in the kernels' own names).
+
+Kernel-side names the fragments use: x_b, x_h (the batch or document and the query head; x_h a
+column vector in the decode kernel, whose tile packs a KV head's query heads), rows / cols (query
+rows and key indices of the tile), diag_offset, seqlen_q, seqlen_k, qk_scale, and per parameter p:
+XP_p (the tensor), xp_p_s<i> / xp_p_n<i> (stride and extent of axis i); learned sinks: Sinks (fp32,
+one per query head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from attngen.spec import expr as X
+from attngen.spec.model import KernelSpec
+
+
+def param_names(spec: KernelSpec) -> list[str]:
+    return [p.name for p in spec.params]
+
+
+def _load(spec: KernelSpec):
+    decls = {p.name: p for p in spec.params}
+
+    def load(name: str, idx: list[str]) -> str:
+        p = decls[name]
+        off = []
+        for i, code in enumerate(idx):
+            try:
+                lit = int(code)
+            except ValueError:
+                off.append(f"tl.minimum(tl.maximum({code}, 0), xp_{name}_n{i} - 1) * xp_{name}_s{i}")
+            else:
+                off.append(f"tl.minimum({max(lit, 0)}, xp_{name}_n{i} - 1) * xp_{name}_s{i}")
+        ptr = f"XP_{name}" + "".join(f" + {o}" for o in off)
+        code = f"tl.load({ptr})"
+        return code + ".to(tl.float32)" if p.kind == X.FLOAT else code
+
+    return load
+
+
+@dataclass
+class Fragments:
+    """What one kernel spec's templates need (all "" / False for a kernel without expressions)."""
+
+    on: bool = False
+    score: bool = False
+    sinks: bool = False
+    tensors: str = ""  # ", XP_a, XP_b" for the entry's tensor line
+    sizes: str = ""  # "xp_a_s0, xp_a_n0, ..." (an entry line of lengths)
+    args: str = ""  # ", x_b, x_h, XP_a, xp_a_s0, ..." for inner functions' signatures and calls
+    skip_kv: bool = False  # the key loop's masked stages test each tile
+
+
+def fragments(spec: KernelSpec) -> Fragments:
+    if not (spec.mask_expr or spec.score_expr or spec.sinks):
+        return Fragments()
+    names = param_names(spec)
+    tensors = "".join(f", XP_{n}" for n in names) + (", Sinks" if spec.sinks else "")
+    sizes = ", ".join(f"xp_{p.name}_s{i}, xp_{p.name}_n{i}" for p in spec.params for i in range(len(p.shape)))
+    args = ", x_b, x_h" + "".join(f", XP_{n}" for n in names)
+    if sizes:
+        args += ", " + sizes
+    mask = mask_node(spec)
+    return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
+                     mask is not None and X.needs_tile_skip(mask, "kv_idx"))
+
+
+def _params(spec: KernelSpec) -> dict:
+    return {p.name: p for p in spec.params}
+
+
+def mask_node(spec: KernelSpec):
+    return X.parse(spec.mask_expr, "mask", _params(spec)) if spec.mask_expr else None
+
+
+def score_node(spec: KernelSpec):
+    return X.parse(spec.score_expr, "score", _params(spec)) if spec.score_expr else None
+
+
+def _tile_names(rows: str, cols: str, transposed: bool, decode: bool) -> dict:
+    r = f"({rows} + diag_offset)" + ("[None, :]" if transposed else "[:, None]")
+    c = cols + ("[:, None]" if transposed else "[None, :]")
+    return {"q_idx": r, "kv_idx": c, "b": "x_b", "h": "x_h", "seqlen_q": "seqlen_q", "seqlen_k": "seqlen_k",
+            "score": "x_score"}
+
+
+def mask_tile(spec: KernelSpec, rows: str, cols: str, transposed: bool = False, decode: bool = False) -> str:
+    """Statements leaving the mask expression's tile in `x_keep` (nothing without one)."""
+    node = mask_node(spec)
+    if node is None:
+        return ""
+    em = X.Emitter(_tile_names(rows, cols, transposed, decode), _load(spec), "xm_")
+    out = em.emit(node)
+    return "\n".join(em.lines + [f"x_keep = {out}"])
+
+
+def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: str = "cols",
+               transposed: bool = False, derivative: bool = False) -> str:
+    """Statements computing `out` = score_mod(scale * qk) in the log2 domain; with derivative,
+    also `<out>_dmod` = d score_mod / d score (none when the modification adds to the score)."""
+    node = score_node(spec)
+    em = X.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_")
+    lines = [f"x_score = {qk} * (qk_scale * 0.6931471805599453)"]
+    res = em.emit(node)
+    tail = [f"{out} = {res} * 1.4426950408889634"]
+    if derivative and not X.is_identity_in_score(node):
+        d = X.diff(node, lambda m: isinstance(m, X.Var) and m.name == "score")
+        tail.append(f"{out}_dmod = {em.emit(d)}")
+    return "\n".join(lines + em.lines + tail)
+
+
+def has_dmod(spec: KernelSpec) -> bool:
+    node = score_node(spec)
+    return node is not None and not X.is_identity_in_score(node)
+
+
+def _box(row_lo: str, row_hi: str, decode: bool, var: str, col_lo: str = "", col_hi: str = "") -> dict:
+    box = {"b": ("x_b", "x_b"), "seqlen_q": ("seqlen_q", "seqlen_q"), "seqlen_k": ("seqlen_k", "seqlen_k")}
+    box["h"] = ("x_h_lo", "x_h_hi") if decode else ("x_h", "x_h")
+    if var == "kv_idx":
+        box["q_idx"] = (f"({row_lo} + diag_offset)", f"({row_hi} + diag_offset)")
+        if col_lo:
+            box["kv_idx"] = (col_lo, col_hi)
+    else:
+        box["kv_idx"] = (col_lo, col_hi)
+    return box
+
+
+def key_range(spec: KernelSpec, row_lo: str, row_hi: str, decode: bool = False) -> str:
+    """lo, full_lo, full_hi, hi of the key loop for query rows [row_lo, row_hi] (the stages:
+    [lo, full_lo) masked, [full_lo, full_hi) unmasked, [full_hi, hi) masked)."""
+    node = mask_node(spec)
+    if node is None:
+        return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_k // BLOCK_N) * BLOCK_N\nhi = seqlen_k"
+    b = X.Bounds(_box(row_lo, row_hi, decode, "kv_idx"), _load(spec), "xr_")
+    r = X.Ranges(b, "kv_idx", "seqlen_k")
+    may, must = r.both(node)
+    lo, hi = r.resolve(may)
+    flo, fhi = r.resolve(must)
+    return "\n".join(b.lines + _stages(lo, hi, flo, fhi, "BLOCK_N", "seqlen_k"))
+
+
+def _stages(lo, hi, flo, fhi, block, extent) -> list[str]:
+    return [f"lo = ({lo} // {block}) * {block}",
+            f"hi = tl.maximum({hi}, lo)",
+            f"full_lo = tl.cdiv(tl.maximum({flo}, lo), {block}) * {block}",
+            f"full_hi = (tl.minimum(tl.minimum({fhi}, hi), {extent}) // {block}) * {block}",
+            "x_no_full = full_hi <= full_lo",
+            "full_lo = tl.where(x_no_full, lo, full_lo)",
+            "full_hi = tl.where(x_no_full, lo, full_hi)"]
+
+
+def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
+    """lo, full_lo, full_hi, hi of the dK/dV pass's query-row loop for keys [col_lo, col_hi]."""
+    node = mask_node(spec)
+    if node is None:
+        return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_q // BLOCK_M) * BLOCK_M\nhi = seqlen_q"
+    b = X.Bounds(_box("", "", False, "q_idx", col_lo, col_hi), _load(spec), "xr_")
+    r = X.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
+    may, must = r.both(node)
+    lo, hi = r.resolve(may)
+    flo, fhi = r.resolve(must)
+    rows = [f"x_qlo = tl.maximum({lo} - diag_offset, 0)", f"x_qhi = tl.maximum({hi} - diag_offset, 0)",
+            f"x_qflo = tl.maximum({flo} - diag_offset, 0)", f"x_qfhi = tl.maximum({fhi} - diag_offset, 0)"]
+    return "\n".join(b.lines + rows + _stages("x_qlo", "x_qhi", "x_qflo", "x_qfhi", "BLOCK_M", "seqlen_q"))
+
+
+def tile_live(spec: KernelSpec, row_lo: str, row_hi: str, col_lo: str, col_hi: str) -> str:
+    """Statements leaving in `x_live` whether the mask may keep some pair of the tile."""
+    node = mask_node(spec)
+    b = X.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_")
+    may, _ = b.boolean(node)
+    return "\n".join(b.lines + [f"x_live = {may if may is not None else True}"])

@@ -1,0 +1,165 @@
+"""attention() with expressions: mask_mod / score_mod (Python callables traced once into the spec
+language, or expression text), their parameters, and learned sinks.
+
+A call's expressions become an ExprSpec (part of Options, hence of every plan key and of the
+kernel's identity); its tensors (parameters, sinks) are passed to the kernels by name at each call
+(XP_<name>, Sinks). Gradients: q / k / v through the family's backward with dS = P (dP - D)
+d score_mod / d score; sinks from the saved log-sum-exp and D (dsink_h = -sum_rows exp(sink_h -
+lse) D, a PyTorch reduction: deterministic); learnable parameters from the dQ pass's per-program
+partial sums reduced in PyTorch (no float atomics: deterministic).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attngen.runtime import api, trace, validate
+from attngen.spec import expr as X
+
+
+@dataclass(frozen=True)
+class ExprSpec:
+    mask_expr: str = ""
+    score_expr: str = ""
+    params: tuple = ()  # ParamDecl
+    sinks: bool = False
+
+
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "int32"}
+
+
+def _decl(name: str, t, learnable: bool) -> X.ParamDecl:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"params: '{name}' must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        if t.dtype == torch.int64:
+            raise ValueError(f"params: '{name}' is int64; pass it as int32")
+        raise ValueError(f"params: '{name}' has dtype {t.dtype} (fp32, fp16, bf16 or int32)")
+    return X.ParamDecl(name, tuple(t.shape), _DTYPES[t.dtype], learnable)
+
+
+def _text(what, kind: str, params: dict) -> str:
+    """Canonical text of a mask / score expression given as text."""
+    decls = {n: _decl(n, t, False) for n, t in params.items()}
+    try:
+        return X.to_text(X.parse(what, kind, decls))
+    except X.ExprError as e:
+        raise ValueError(f"{'mask_mod' if kind == 'mask' else 'score_mod'}: " + "; ".join(e.problems)) from None
+
+
+def resolve(q, mask_mod, score_mod, sinks, params) -> tuple[ExprSpec, dict, list]:
+    """(ExprSpec, kernel tensors by name, [(name, tensor) of parameters that want a gradient])."""
+    tensors = dict(params or {})
+    texts = {}
+    for kind, fn in (("mask", mask_mod), ("score", score_mod)):
+        if fn is None:
+            texts[kind] = ""
+        elif isinstance(fn, str):
+            texts[kind] = _text(fn, kind, tensors)
+        elif callable(fn):
+            traced = trace.trace_mask_mod(fn) if kind == "mask" else trace.trace_score_mod(fn)
+            expr = traced.expr
+            for name, t in traced.params:  # traced names p0, p1, ...: prefix by kind
+                new = f"{kind[0]}{name}"
+                expr = _rename(expr, name, new)
+                tensors[new] = t
+            texts[kind] = _text(expr, kind, tensors)
+        else:
+            raise ValueError(f"{kind}_mod: expected a callable or an expression string, got {type(fn).__name__}")
+    used = set()
+    for kind in ("mask", "score"):
+        if texts[kind]:
+            used |= set(X.params_used(X.parse(texts[kind], kind, {n: _decl(n, t, False)
+                                                                   for n, t in tensors.items()})))
+    for name, t in tensors.items():
+        if name not in used:
+            raise ValueError(f"params: '{name}' is not used by the expressions")
+        if t.device != q.device:
+            raise ValueError(f"params: '{name}' is on {t.device}, but q is on {q.device}")
+    learn = [(n, t) for n, t in tensors.items() if t.requires_grad]
+    mask_params = set(X.params_used(X.parse(texts["mask"], "mask", {n: _decl(n, t, False) for n, t in
+                                                                      tensors.items()}))) if texts["mask"] else set()
+    for n, _ in learn:
+        if n in mask_params:
+            raise ValueError(f"params: '{n}' requires grad but is used in the mask (a mask is not differentiable)")
+    decls = tuple(_decl(n, tensors[n], tensors[n].requires_grad) for n in sorted(used))
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+            raise ValueError("sinks: expected a float torch.Tensor (num_q_heads,)")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks: on {sinks.device}, but q is on {q.device}")
+    extra = {f"XP_{n}": tensors[n].detach() for n in sorted(used)}
+    for n in sorted(used):
+        if extra[f"XP_{n}"].dtype == torch.int32 or not extra[f"XP_{n}"].is_floating_point():
+            continue
+    if sinks is not None:
+        extra["Sinks"] = sinks.detach().float().contiguous()
+    return ExprSpec(texts["mask"], texts["score"], decls, sinks is not None), extra, learn
+
+
+def _rename(text: str, old: str, new: str) -> str:
+    import ast
+
+    tree = ast.parse(text, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == old:
+            node.id = new
+    return ast.unparse(tree)
+
+
+def check_sinks(sinks, hq: int) -> None:
+    if sinks is not None and tuple(sinks.shape) != (hq,):
+        raise ValueError(f"sinks: expected shape ({hq},) (one logit per query head), got {tuple(sinks.shape)}")
+
+
+class ExprAttention(torch.autograd.Function):
+    """Attention with expressions, differentiable in q, k, v, sinks and learnable parameters."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, plan, deterministic, cu_q, cu_k, max_q, max_k, extra, learn_names,
+                *learn_tensors):
+        out, lse = plan.run(q, k, v, cu_q, cu_k, extra=extra)
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
+        ctx.opts, ctx.det, ctx.max_qk, ctx.extra, ctx.learn = plan.opts, deterministic, (max_q, max_k), extra, learn_names
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
+        grads = api.backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.det, cu_q, cu_k, *ctx.max_qk,
+                                  extra=ctx.extra, want_params=ctx.learn)
+        dq, dk, dv, dparams = grads
+        dsinks = None
+        if sinks is not None and ctx.needs_input_grad[3]:
+            dsinks = sink_grad(dout, out, lse, sinks, ctx.opts.layout)
+        return (dq, dk, dv, dsinks) + (None,) * 8 + tuple(dparams.get(n) for n in ctx.learn)
+
+
+def sink_grad(dout, out, lse, sinks, layout: str):
+    """d loss / d sink_h = -sum over the head's rows of exp(sink_h - lse) * rowsum(dO * O)."""
+    delta = (dout.float() * out.float()).sum(-1)  # bhsd: (B, H, S); bshd: (B, S, H); packed (T, H)
+    if layout == "bshd":
+        delta = delta.transpose(1, 2)
+    elif layout == "packed":
+        delta = delta.transpose(0, 1)  # (H, T), as lse
+    s = sinks.float()
+    if layout == "packed":
+        p = torch.exp(s[:, None] - lse)
+        return (-(p * delta).sum(1)).to(sinks.dtype)
+    p = torch.exp(s[None, :, None] - lse)
+    return (-(p * delta).sum((0, 2))).to(sinks.dtype)
+
+
+def expr_attention(q, k, v, opts: validate.Options, extra: dict, learn: list, sinks, deterministic: bool,
+                   cu_q=None, cu_k=None, max_q: int = 0, max_k: int = 0):
+    """(out, lse) of a validated expression call (eager)."""
+    plan = api.checked_plan(q, k, v, opts, cu_q, cu_k, max_q, max_k, extra=extra)
+    wants = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v))
+                                         or (sinks is not None and sinks.requires_grad) or bool(learn))
+    if not wants:
+        return plan.run(q, k, v, cu_q, cu_k, extra=extra)
+    return ExprAttention.apply(q, k, v, sinks, plan, deterministic, cu_q, cu_k, max_q, max_k, extra,
+                               tuple(n for n, _ in learn), *(t for _, t in learn))
