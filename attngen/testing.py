@@ -21,6 +21,8 @@ def check_grads(name: str, fn, inputs, dout: torch.Tensor, grads, factor: float 
     pt_g = torch.autograd.grad(fn(*leaves, upcast=False), leaves, dout)
     errs = {}
     for n, g, r, p in zip(names, grads, ref_g, pt_g):
+        if g is None:  # a gradient the caller checks on its own
+            continue
         errs[n] = assert_flash_rule(f"{name}/{n}", g, r, p, factor, atol)
     return errs
 
