@@ -1,34 +1,29 @@
 """Trace a FlexAttention-style mask_mod / score_mod into attngen expression text, without torch.compile.
 
-    trace_mask_mod(fn)  fn(b, h, q_idx, kv_idx) -> bool            -> Traced(expr, params)
-    trace_score_mod(fn) fn(score, b, h, q_idx, kv_idx) -> number   -> Traced(expr, params)
+    trace_mask_mod(fn)  fn(b, h, q_idx, kv_idx) -> bool           -> Traced(expr, params)
+    trace_score_mod(fn) fn(score, b, h, q_idx, kv_idx) -> number  -> Traced(expr, params)
     traced_key(t)       (expr, ((name, dtype, shape), ...)): a plan-cache key, no tensor values
 
-fn is called once with proxies. A proxy records an expression tree (_Node) through Python operators
-and, via __torch_function__, through torch functions, Tensor methods and the indexing of captured
-tensors (`bias[h, i]`). The tree is rendered fully parenthesized in the grammar of
-attngen.spec.expr. Tensors are captured by reference (their values are read at launch), deduplicated
-by identity and named p0, p1, ... in the order they first appear in the text.
-
-Types (int / float / bool) follow torch's promotion: `/` and exp/log/tanh/sqrt give float, comparisons
-and &, |, ~, ^ of booleans give bool, a boolean in arithmetic becomes `(1 if c else 0)`.
-Choices, where torch and the grammar differ:
-* Casts to a float dtype are dropped (the kernel computes in fp32; integers stay exact integers --
-  an int product past 2**31 that `.float()` would have kept in range is the one difference).
-  Casts to an integer dtype of a float truncate toward zero, as torch does:
-  `(floor(x) if (x >= 0.0) else (-floor((-x))))`. `.bool()` of a number is `(x != 0)`.
-* `floor(x)` of a float is typed int (Python's math.floor), so a floored value can subscript a
-  parameter. torch.floor / ceil / trunc of an int are the int itself.
-* `&`, `|`, `^`, `~` exist only on booleans (and / or / != / not); on integers they are bitwise
-  operations, which the grammar lacks: TraceError. torch.logical_* take any value, as in torch.
-* `x ** 2` is `(x * x)`, `x ** 0.5` is `sqrt(x)`, `x ** 1` is x; other powers: TraceError.
-* Pure-literal subtrees are folded when Python computes them exactly as torch would.
+fn runs once on proxies, which record an expression tree through Python operators and, by
+__torch_function__, torch functions, Tensor methods and the indexing of captured tensors
+(`bias[h, i]`); the tree is rendered fully parenthesized in the grammar of attngen.spec.expr.
+Tensors are captured by reference, deduplicated by identity, named p0, p1, ... in text order.
+Types (int / float / bool) follow torch's promotion; a boolean in arithmetic is `(1 if c else 0)`.
+Where torch and the grammar differ:
+* Casts to a float dtype are dropped (the kernel computes in fp32; an int product past 2**31 that
+  `.float()` would have kept is the one difference). A float cast to an integer dtype truncates
+  toward zero, as torch does: `(floor(x) if (x >= 0.0) else (-floor((-x))))`; `.bool()` is `(x != 0)`.
+* `floor(x)` of a float is an int (Python's math.floor), so it can subscript a parameter;
+  floor / ceil / trunc of an int are the int itself.
+* `&`, `|`, `^`, `~` exist only on booleans (and, or, !=, not): on integers they are bitwise,
+  which the grammar lacks (TraceError). torch.logical_* compare numbers with 0, as torch does.
+* `x ** 2` is `(x * x)`, `x ** 0.5` is `sqrt(x)`; other powers: TraceError.
+* Pure-literal subtrees fold where Python computes exactly what torch does.
 * seqlen_q / seqlen_k (below) are proxies a callable may close over.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 import os
@@ -42,6 +37,7 @@ MAX_EXPR_CHARS = 65536
 SUPPORTED = ("supported: + - * / // % ** (literal 1, 2, 0.5), comparisons, & | ^ ~ on booleans, abs, min, "
              "max, minimum, maximum, clamp, exp, log, tanh, sqrt, floor, ceil, trunc, where, "
              "logical_and/or/xor/not, dtype casts, full_like, indexing a captured tensor")
+_A = {INT: "an int", FLOAT: "a float", BOOL: "a boolean"}
 _DTYPE = {INT: torch.int64, FLOAT: torch.float32, BOOL: torch.bool}
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -71,7 +67,7 @@ def traced_key(t: Traced) -> tuple:
 
 class _Node:
     """op: name | const | param (value: 0-d tensor) | index (value: tensor, args: subscripts) | neg |
-    not | + - * / // % | < <= > >= == != | and | or | if (args: cond, then, else) | call (value: fn)."""
+    not | + - * / // % | < <= > >= == != | and | or | if (args: then, cond, else) | call (value: fn)."""
 
     __slots__ = ("op", "args", "type", "value", "size")
 
@@ -100,7 +96,7 @@ _FOLD = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.
          "//": operator.floordiv, "%": operator.mod, "<": operator.lt, "<=": operator.le,
          ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
          "and": lambda a, b: a and b, "or": lambda a, b: a or b, "neg": operator.neg,
-         "not": operator.not_, "if": lambda c, x, y: x if c else y,
+         "not": operator.not_, "if": lambda x, c, y: x if c else y,
          "abs": abs, "min": min, "max": max, "floor": math.floor}
 _CAST = {INT: int, FLOAT: float, BOOL: bool}
 
@@ -123,32 +119,28 @@ def _literal(v) -> str:
     return f"({s})" if s.startswith("-") else s
 
 
+_FORMS = {"neg": "(-{0})", "not": "(not {0})", "if": "({0} if {1} else {2})"}
+
+
 def _render(n: _Node, names: dict, params: list) -> str:
-    op = n.op
-    if op == "name":
+    """Text of n; parameters are named as the text reaches them (args are stored in text order)."""
+    if n.op == "name":
         return n.value
-    if op == "const":
+    if n.op == "const":
         return _literal(n.value)
-    if op in ("param", "index"):
+    if n.op in ("param", "index"):
         name = names.get(id(n.value))
         if name is None:
             name = names[id(n.value)] = f"p{len(params)}"
             params.append((name, n.value))
-        if op == "param":
+        if n.op == "param":
             return name
-        return name + "[" + ", ".join(_render(a, names, params) for a in n.args) + "]"
-    if op == "if":  # text order: then, cond, else
-        c, x, y = n.args
-        x, c, y = (_render(a, names, params) for a in (x, c, y))
-        return f"({x} if {c} else {y})"
     parts = [_render(a, names, params) for a in n.args]
-    if op == "call":
+    if n.op == "index":
+        return f"{name}[{', '.join(parts)}]"
+    if n.op == "call":
         return f"{n.value}({', '.join(parts)})"
-    if op == "neg":
-        return f"(-{parts[0]})"
-    if op == "not":
-        return f"(not {parts[0]})"
-    return f"({parts[0]} {op} {parts[1]})"
+    return _FORMS.get(n.op, "({0} " + n.op + " {1})").format(*parts)
 
 
 # ------------------------------------------------------------------------------------------ builders
@@ -160,7 +152,7 @@ def _lift(x) -> _Node:
         return x._node
     if isinstance(x, torch.Tensor):
         if x.dim() == 0:
-            return _Node("param", (), _type_of(x.dtype), x)
+            return _param("param", (), x)
         hint = " (it has one element: make it 0-d or index it)" if x.numel() == 1 else ""
         raise TraceError(f"a captured tensor of shape {tuple(x.shape)} is used as a value{hint}; index "
                          "it with the index arguments, e.g. t[h] or t[b, h]")
@@ -177,7 +169,7 @@ def _type_of(dtype: torch.dtype) -> str:
 
 def _num(n: _Node) -> _Node:
     """A boolean used as a number is 0 or 1 (torch's promotion)."""
-    return _make("if", (n, _const(1), _const(0)), INT) if n.type == BOOL else n
+    return _make("if", (_const(1), n, _const(0)), INT) if n.type == BOOL else n
 
 
 def _truth(n: _Node) -> _Node:
@@ -204,24 +196,13 @@ def _compare(op, a, b) -> _Node:
     return _make(op, (a, b), BOOL)
 
 
-def _logic(op, sym, a, b, truthy=False) -> _Node:
-    a, b = _lift(a), _lift(b)
-    if truthy:
-        a, b = _truth(a), _truth(b)
-    elif not a.type == b.type == BOOL:
-        raise TraceError(f"'{sym}' of {a.type} and {b.type} values is a bitwise operation, which the "
-                         "expression language lacks; & | ^ ~ work on booleans (masks)")
-    return _make(op, (a, b), BOOL)
-
-
-def _not(x, sym="~", truthy=False) -> _Node:
-    x = _lift(x)
-    if truthy:
-        x = _truth(x)
-    elif x.type != BOOL:
-        raise TraceError(f"'{sym}' of an {x.type} value is a bitwise operation, which the expression "
-                         "language lacks; ~ works on booleans (masks)")
-    return _make("not", (x,), BOOL)
+def _logic(op, sym, *xs, truthy=False) -> _Node:
+    """and / or / != (xor) / not of booleans; logical_* (truthy) first compare numbers with 0."""
+    xs = tuple(_truth(x) if truthy else x for x in map(_lift, xs))
+    if any(x.type != BOOL for x in xs):
+        raise TraceError(f"'{sym}' of {' and '.join(_A[x.type] for x in xs)} is a bitwise operation, "
+                         "which the expression language lacks; & | ^ ~ work on booleans (masks)")
+    return _make(op, xs, BOOL)
 
 
 def _neg(x) -> _Node:
@@ -256,7 +237,7 @@ def _trunc(x) -> _Node:
     x = _lift(x)
     if x.type == INT:
         return x
-    return _make("if", (_compare(">=", x, 0.0), _call("floor", x), _ceil(x)), INT)
+    return _make("if", (_call("floor", x), _compare(">=", x, 0.0), _ceil(x)), INT)
 
 
 def _where(condition, input=None, other=None) -> _Node:
@@ -265,45 +246,33 @@ def _where(condition, input=None, other=None) -> _Node:
                          "torch.where(condition, x, y)")
     c, x, y = _lift(condition), _lift(input), _lift(other)
     if c.type != BOOL:
-        raise TraceError(f"torch.where needs a boolean condition, got an {c.type} value")
+        raise TraceError(f"torch.where needs a boolean condition, got {_A[c.type]}")
     if (x.type == BOOL) != (y.type == BOOL):
         x, y = _num(x), _num(y)
-    return _make("if", (c, x, y), x.type if x.type == y.type else FLOAT)
+    return _make("if", (x, c, y), x.type if x.type == y.type else FLOAT)
 
 
 def _clamp(input, min=None, max=None) -> _Node:
-    x = _lift(input)
     if min is None and max is None:
         raise TraceError("clamp needs min or max")
-    if min is not None:
-        x = _call("max", x, min)
-    if max is not None:
-        x = _call("min", x, max)
-    return x
+    x = _lift(input) if min is None else _call("max", input, min)
+    return x if max is None else _call("min", x, max)
 
 
 def _cast(x, dtype) -> _Node:
     x = _lift(x)
     if dtype is None:
         return x
-    if not isinstance(dtype, torch.dtype):
-        raise TraceError(f"cast to {dtype!r} is not supported (give a torch.dtype)")
     if dtype == torch.bool:
         return _truth(x)
-    if dtype.is_complex:
-        raise TraceError(f"cast to {dtype} is not supported")
+    _type_of(dtype)  # complex: TraceError
     return _num(x) if dtype.is_floating_point else _trunc(_num(x))
 
 
 def _pow(x, e) -> _Node:
     x, e = _lift(x), _lift(e)
-    if e.op == "const" and e.type != BOOL and x.type != BOOL:
-        if e.value == 1:
-            return x
-        if e.value == 2:
-            return _arith("*", x, x)
-        if e.value == 0.5:
-            return _call("sqrt", x)
+    if e.op == "const" and e.type != BOOL and x.type != BOOL and e.value in (1, 2, 0.5):
+        return x if e.value == 1 else _arith("*", x, x) if e.value == 2 else _call("sqrt", x)
     raise TraceError("'**' is supported only with a literal exponent 1, 2 or 0.5 (the expression "
                      "language has no pow; write exp(y * log(x)))")
 
@@ -329,7 +298,15 @@ def _index(tensor: torch.Tensor, index) -> _Node:
                 raise TraceError(f"subscript {d} is {n.value}, out of range for a dimension of {size}")
             n = _const(n.value % size)
         nodes.append(n)
-    return _Node("index", tuple(nodes), _type_of(tensor.dtype), tensor)
+    return _param("index", tuple(nodes), tensor)
+
+
+def _param(op: str, subs: tuple, tensor: torch.Tensor) -> _Node:
+    """The grammar has no boolean parameters: a bool tensor's entry reads as `(p[i] != 0)` (the
+    runtime passes the tensor as integers)."""
+    ty = _type_of(tensor.dtype)
+    n = _Node(op, subs, INT if ty == BOOL else ty, tensor)
+    return _make("!=", (n, _const(0)), BOOL) if ty == BOOL else n
 
 
 def _minmax(fn):
@@ -342,18 +319,9 @@ def _minmax(fn):
 
 
 def _to(input, *args, dtype=None, **kwargs):
-    for a in args:
-        if isinstance(a, torch.dtype):
-            dtype = a
-        elif isinstance(a, (torch.Tensor, Proxy)):
-            dtype = a.dtype
-    return _cast(input, dtype)
-
-
-def _type(input, dtype=None, **kwargs):
-    if dtype is None:
-        raise TraceError("Tensor.type() (the type name) of a traced value is not available")
-    return _cast(input, dtype)
+    """x.to(dtype), x.to(other), x.to(device, dtype): the dtype, if any, is cast to."""
+    dtypes = [a.dtype if isinstance(a, (torch.Tensor, Proxy)) else a for a in args]
+    return _cast(input, next((d for d in dtypes if isinstance(d, torch.dtype)), dtype))
 
 
 def _full_like(input, fill_value, *, dtype=None, **kwargs):
@@ -385,18 +353,19 @@ def _handlers() -> dict:
                       ("==", "eq __eq__"), ("!=", "ne not_equal __ne__")):
         reg(names, lambda a, b, op=op: _compare(op, a, b))
     for op, sym, name in (("and", "&", "and"), ("or", "|", "or"), ("!=", "^", "xor")):
-        reg(f"__{name}__ __r{name}__ bitwise_{name}", lambda a, b, op=op, sym=sym: _logic(op, sym, a, b))
+        reg(f"__{name}__ bitwise_{name}", lambda a, b, op=op, sym=sym: _logic(op, sym, a, b))
+        reg(f"__r{name}__", lambda a, b, op=op, sym=sym: _logic(op, sym, b, a))
         reg(f"logical_{name}", lambda a, b, op=op, sym=sym: _logic(op, sym, a, b, truthy=True))
-    reg("__invert__ bitwise_not", _not)
-    reg("logical_not", lambda x: _not(x, truthy=True))
+    reg("__invert__ bitwise_not", lambda x: _logic("not", "~", x))
+    reg("logical_not", lambda x: _logic("not", "not", x, truthy=True))
     reg("neg negative __neg__", _neg)
     reg("positive __pos__", _lift)
     reg("abs absolute __abs__", lambda x: _call("abs", x))
     for fn in ("exp", "log", "tanh", "sqrt"):
         reg(fn, lambda x, fn=fn: _call(fn, x))
-    reg("floor", _floor)
-    reg("ceil", _ceil)
-    reg("trunc fix", _trunc)
+    reg("floor __floor__", _floor)
+    reg("ceil __ceil__", _ceil)
+    reg("trunc fix __trunc__", _trunc)
     reg("pow __pow__", _pow)
     reg("__rpow__", lambda a, b: _pow(b, a))
     reg("square", lambda x: _pow(x, 2))
@@ -412,7 +381,6 @@ def _handlers() -> dict:
                          (torch.int64, "int long short char byte"), (torch.bool, "bool")):
         reg(names, lambda x, dtype=dtype, **kw: _cast(x, dtype))
     reg("to", _to)
-    reg("type", _type)
     reg("full_like", _full_like)
     reg("zeros_like", lambda x, **kw: _full_like(x, 0, **kw))
     reg("ones_like", lambda x, **kw: _full_like(x, 1, **kw))
@@ -451,17 +419,13 @@ def _dispatch(func, args, kwargs) -> "Proxy":
 
 # --------------------------------------------------------------------------------------------- proxy
 
-def _control_flow(what: str):
-    def refuse(self, *args):
-        raise TraceError(f"{what} of a traced value is data-dependent Python control flow, which is not "
-                         "traceable; use torch.where(cond, x, y), & | ~ for and/or/not, and "
-                         "torch.minimum / torch.maximum for min()/max()")
-    return refuse
+_CONTROL_FLOW = ("is data-dependent Python control flow, which is not traceable; use torch.where(cond, x, "
+                 "y), & | ~ for and/or/not, and torch.minimum / torch.maximum for min()/max()")
 
 
-def _refuse(what: str):
+def _refuse(what: str, why: str = f"is not supported ({SUPPORTED})"):
     def refuse(self, *args):
-        raise TraceError(f"{what} of a traced value is not supported ({SUPPORTED})")
+        raise TraceError(f"{what} of a traced value {why}")
     return refuse
 
 
@@ -494,7 +458,7 @@ class Proxy:
     def __repr__(self) -> str:
         return f"<traced {self._node.type}: {_render(self._node, {}, [])}>"
 
-    __bool__ = _control_flow("bool() (an if, while, and, or, not, or a min()/max() builtin)")
+    __bool__ = _refuse("bool() (an if, while, and, or, not, or a min()/max() builtin)", _CONTROL_FLOW)
     __int__ = __float__ = __complex__ = _refuse("int()/float() (or a math.* function)")
     __index__ = _refuse("use as a Python index (list[i], range(i))")
     __len__ = __iter__ = _refuse("len()/iteration")
@@ -505,21 +469,11 @@ class Proxy:
 
 
 def _operators():
-    """Proxy's Python operators: a <op> b and, reflected, b <op> a."""
-    binary = {"add": lambda a, b: _arith("+", a, b), "sub": lambda a, b: _arith("-", a, b),
-              "mul": lambda a, b: _arith("*", a, b), "truediv": lambda a, b: _arith("/", a, b),
-              "floordiv": lambda a, b: _arith("//", a, b), "mod": lambda a, b: _arith("%", a, b),
-              "pow": _pow, "and": lambda a, b: _logic("and", "&", a, b),
-              "or": lambda a, b: _logic("or", "|", a, b), "xor": lambda a, b: _logic("!=", "^", a, b)}
-    for name, build in binary.items():
-        setattr(Proxy, f"__{name}__", lambda a, b, build=build: Proxy(build(a, b)))
-        setattr(Proxy, f"__r{name}__", lambda a, b, build=build: Proxy(build(b, a)))
-    for name, op in (("lt", "<"), ("le", "<="), ("gt", ">"), ("ge", ">="), ("eq", "=="), ("ne", "!=")):
-        setattr(Proxy, f"__{name}__", lambda a, b, op=op: Proxy(_compare(op, a, b)))
-    unary = {"invert": _not, "neg": _neg, "pos": _lift, "abs": lambda x: _call("abs", x),
-             "floor": _floor, "ceil": _ceil, "trunc": _trunc}
-    for name, build in unary.items():
-        setattr(Proxy, f"__{name}__", lambda a, build=build: Proxy(build(a)))
+    """Proxy's Python operators, through the handlers torch's Tensor operators use."""
+    for name in ("add radd sub rsub mul rmul truediv rtruediv floordiv rfloordiv mod rmod pow rpow and "
+                 "rand or ror xor rxor lt le gt ge eq ne invert neg pos abs floor ceil trunc").split():
+        handler = _HANDLERS[f"__{name}__"]
+        setattr(Proxy, f"__{name}__", lambda *args, handler=handler: Proxy(handler(*args)))
 
 
 _operators()
@@ -549,19 +503,15 @@ def trace_score_mod(fn) -> Traced:
 
 def _trace(fn, role: str, args: tuple, want_bool: bool) -> Traced:
     label = f"{role} {getattr(fn, '__name__', None) or type(fn).__name__!r}"
-    arg_names = ", ".join(a._node.value for a in args)
     try:
-        inspect.signature(fn).bind(*args)
-    except TypeError:
-        raise TraceError(f"{label} must take {len(args)} positional arguments ({arg_names})") from None
-    except ValueError:  # no signature to read (a builtin): let the call say
-        pass
-    try:
-        node = _lift(fn(*args))
+        out = fn(*args)
+        if out is None:
+            raise TraceError("it returns None (a missing return?)")
+        node = _lift(out)
     except TraceError as e:
         raise TraceError(f"{label}{_location(e)}: {e}") from None
     if want_bool and node.type != BOOL:
-        raise TraceError(f"{label} returns an {node.type} value; a mask_mod returns a boolean "
+        raise TraceError(f"{label} returns {_A[node.type]}; a mask_mod returns a boolean "
                          "(comparisons combined with &, |, ~)")
     if not want_bool and node.type == BOOL:
         raise TraceError(f"{label} returns a boolean; a score_mod returns the modified score (mask "
