@@ -52,6 +52,7 @@ class Fragments:
     sizes: str = ""  # "xp_a_s0, xp_a_n0, ..." (an entry line of lengths)
     args: str = ""  # ", x_b, x_h, XP_a, xp_a_s0, ..." for inner functions' signatures and calls
     skip_kv: bool = False  # the key loop's masked stages test each tile
+    grads: str = ""  # ", XG0, XG1": the learnable parameters' partial-sum buffers (dQ pass)
 
 
 def fragments(spec: KernelSpec) -> Fragments:
@@ -64,8 +65,9 @@ def fragments(spec: KernelSpec) -> Fragments:
     if sizes:
         args += ", " + sizes
     mask = mask_node(spec)
+    grads = "".join(f", XG{t.index}" for t in grad_terms(spec))
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
-                     mask is not None and X.needs_tile_skip(mask, "kv_idx"))
+                     mask is not None and X.needs_tile_skip(mask, "kv_idx"), grads)
 
 
 def _params(spec: KernelSpec) -> dict:
@@ -174,3 +176,88 @@ def tile_live(spec: KernelSpec, row_lo: str, row_hi: str, col_lo: str, col_hi: s
     b = X.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_")
     may, _ = b.boolean(node)
     return "\n".join(b.lines + [f"x_live = {may if may is not None else True}"])
+
+
+# ---------------------------------------------------------------------------------------------
+# gradients of learnable parameters (the dQ pass): per occurrence of a learnable parameter in the
+# score modification, each program sums dS * d score_mod / d occurrence over its tiles into a
+# vector over the occurrence's one general index (or a scalar), stores it in its own slot of
+# XG<i> (slots x width, slot = off_zh * num_m_blocks + start_m), and the host reduces the slots
+# (attngen.runtime.exprs.param_grads): no atomics, the same sums in the same order every run.
+
+
+@dataclass(frozen=True)
+class GradTerm:
+    """One learnable occurrence: the parameter, its subscripts' kinds ("b", "h" or "g": a general
+    index), the general index's extent (1 when none) and the accumulator's width (a power of two)."""
+
+    index: int
+    param: str
+    kinds: tuple
+    extent: int
+    width: int
+    node: object
+
+
+def grad_terms(spec: KernelSpec) -> list[GradTerm]:
+    node = score_node(spec)
+    if node is None:
+        return []
+    learn = {p.name: p for p in spec.params if p.learnable}
+    seen, out = [], []
+    for m in X.walk(node):
+        if isinstance(m, X.Sub) and m.param in learn and m not in seen:
+            seen.append(m)
+            kinds = tuple(i.name if isinstance(i, X.Var) and i.name in ("b", "h") else "g" for i in m.idx)
+            general = [d for d, k in enumerate(kinds) if k == "g"]
+            if len(general) > 1:
+                raise ValueError(f"learnable parameter '{m.param}': at most one subscript may be an "
+                                 f"expression other than b or h, got {X.to_text(m)}")
+            extent = int(learn[m.param].shape[general[0]]) if general else 1
+            width = 1 << max(extent - 1, 0).bit_length()
+            out.append(GradTerm(len(out), m.param, kinds, extent, width, m))
+    return out
+
+
+def grad_accs(spec: KernelSpec) -> str:
+    """", xg0, xg1": the dQ pass's accumulators (carried through its inner loop)."""
+    return "".join(f", xg{t.index}" for t in grad_terms(spec))
+
+
+def grad_init(spec: KernelSpec) -> str:
+    return "\n".join(f"xg{t.index} = tl.zeros([{t.width}], dtype=tl.float32)" for t in grad_terms(spec))
+
+
+def grad_update(spec: KernelSpec, ds: str) -> str:
+    """Statements adding the tile's contribution (ds: dL / d score_mod, unscaled) to each
+    accumulator."""
+    terms = grad_terms(spec)
+    if not terms:
+        return ""
+    node = score_node(spec)
+    em = X.Emitter(_tile_names("rows", "cols", False, False), _load(spec), "xq_")
+    lines = []
+    for t in terms:
+        d = em.emit(X.diff(node, lambda m, o=t.node: m == o))
+        lines += em.lines
+        em.lines = []
+        g = f"xgt{t.index}"
+        lines.append(f"{g} = {ds} * {d}")
+        if "g" not in t.kinds:
+            lines.append(f"xg{t.index} += tl.sum(tl.sum({g}, 1), 0)")
+            continue
+        pos = t.kinds.index("g")
+        idx = em.emit(t.node.idx[pos])
+        lines += em.lines
+        em.lines = []
+        lines.append(f"xgi{t.index} = tl.minimum(tl.maximum({idx}, 0), {t.extent - 1})")
+        lines.append(f"xgo{t.index} = tl.arange(0, {t.width})")
+        lines.append(f"for xgj in tl.static_range({t.extent}):")
+        lines.append(f"    xgs = tl.sum(tl.sum(tl.where(xgi{t.index} == xgj, {g}, 0.0), 1), 0)")
+        lines.append(f"    xg{t.index} = tl.where(xgo{t.index} == xgj, xg{t.index} + xgs, xg{t.index})")
+    return "\n".join(lines)
+
+
+def grad_store(spec: KernelSpec) -> str:
+    return "\n".join(f"tl.store(XG{t.index} + (off_zh * num_m_blocks + start_m) * {t.width} + tl.arange(0, {t.width}), "
+                     f"xg{t.index})" for t in grad_terms(spec))

@@ -122,6 +122,14 @@ class BackwardPlan(Plan):
     def bind_shadows(self) -> None:
         self.bind(*self._shadows)
 
+    def dq_block_m(self) -> int:
+        """The dQ pass's query rows per program (its slots of learnable parameters' partial sums)."""
+        plan = getattr(self, "_portable", None) or self
+        for la in plan.launches_spec:
+            if la.fn.__name__.startswith("_attn_bwd_dq"):
+                return la.values["BLOCK_M"]
+        return 16
+
     def _buffers(self, q, k, v, lse):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         delta = torch.empty(lse.shape, dtype=torch.float32, device=lse.device)
@@ -209,4 +217,4 @@ def backward_impl(dout, q, k, v, out, lse, opts: Options, deterministic: bool, c
         plan = _BWD.put(key, BackwardPlan(dout, q, k, v, out, lse, opts, deterministic, cu_q, cu_k,
                                           max_q, max_k, extra=extra))
     grads = plan.run(dout, q, k, v, out, lse, cu_q, cu_k, extra)
-    return grads if want_params is None else (*grads, {})
+    return grads if want_params is None else (*grads, plan.dq_block_m())

@@ -123,19 +123,89 @@ class ExprAttention(torch.autograd.Function):
         out, lse = plan.run(q, k, v, cu_q, cu_k, extra=extra)
         ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, sinks)
         ctx.opts, ctx.det, ctx.max_qk, ctx.extra, ctx.learn = plan.opts, deterministic, (max_q, max_k), extra, learn_names
+        ctx.learn_tensors = dict(zip(learn_names, learn_tensors))
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
-        grads = api.backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.det, cu_q, cu_k, *ctx.max_qk,
-                                  extra=ctx.extra, want_params=ctx.learn)
-        dq, dk, dv, dparams = grads
+        x, layout = ctx.opts.expr, ctx.opts.layout
+        bufs = grad_buffers(x, q, layout, cu_q, ctx.max_qk[0]) if ctx.learn else {}
+        dq, dk, dv, block_m = api.backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.det, cu_q, cu_k, *ctx.max_qk,
+                                                extra={**ctx.extra, **bufs}, want_params=True)
+        dparams = param_grads(x, bufs, ctx.learn_tensors, q, layout, cu_q, ctx.max_qk[0], block_m) if ctx.learn else {}
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
             dsinks = sink_grad(dout, out, lse, sinks, ctx.opts.layout)
         return (dq, dk, dv, dsinks) + (None,) * 8 + tuple(dparams.get(n) for n in ctx.learn)
+
+
+def _extent(q, layout: str, cu_q, max_q: int) -> tuple[int, int, int]:
+    """(Z, Hq, rows): batch (or documents), query heads, query rows of the dQ pass's programs."""
+    if layout == "packed":
+        return cu_q.numel() - 1, q.shape[1], max_q
+    if layout == "bshd":
+        return q.shape[0], q.shape[2], q.shape[1]
+    return q.shape[0], q.shape[1], q.shape[2]
+
+
+def grad_buffers(x: ExprSpec, q, layout: str, cu_q=None, max_q: int = 0) -> dict:
+    """The dQ pass's per-program partial sums of each learnable occurrence (zeroed: programs of
+    packed documents past their document's end store nothing). Slots for the smallest dQ block
+    (16 rows), so any config's grid fits."""
+    from attngen.codegen.exprgen import grad_terms  # no jinja2 behind it
+
+    z, hq, rows = _extent(q, layout, cu_q, max_q)
+    slots = z * hq * max(1, -(-rows // 16))
+    return {f"XG{t.index}": torch.zeros(slots * t.width, dtype=torch.float32, device=q.device)
+            for t in grad_terms(x)}
+
+
+def param_grads(x: ExprSpec, bufs: dict, tensors: dict, q, layout: str, cu_q=None, max_q: int = 0,
+                block_m: int = 16) -> dict:
+    """{name: gradient} from the dQ pass's partial sums: slots reduced over query blocks, then
+    the b / h subscripts mapped onto the parameter's axes (one-hot products: deterministic)."""
+    from attngen.codegen.exprgen import grad_terms
+
+    z, hq, rows = _extent(q, layout, cu_q, max_q)
+    m = max(1, -(-rows // block_m))
+    out = {}
+    for t in grad_terms(x):
+        g = bufs[f"XG{t.index}"][:z * hq * m * t.width].view(z, hq, m, t.width)[..., :t.extent].sum(2).double()
+        p = tensors[t.param]
+        axes = []  # g's axes (z, hq, general) as the parameter's subscripts take them
+        for d, kind in enumerate(t.kinds):
+            n = p.shape[d]
+            if kind == "g":
+                axes.append(("g", None))
+                continue
+            src = z if kind == "b" else hq
+            hot = torch.zeros(n, src, dtype=torch.float64, device=g.device)
+            hot[torch.arange(src, device=g.device).clamp(max=n - 1), torch.arange(src, device=g.device)] = 1.0
+            axes.append((kind, hot))
+        # contract: sum over z / hq unless a subscript keeps them, in the subscripts' order
+        letters = {"b": "z", "h": "h", "g": "j"}
+        spec_in = "zhj"
+        operands, terms = [g], [spec_in]
+        out_axes = ""
+        for kind, hot in axes:
+            letter = letters[kind]
+            if hot is None:
+                out_axes += letter
+            else:
+                new = letter.upper()
+                operands.append(hot)
+                terms.append(new + letter)
+                out_axes += new
+        if not t.kinds:  # a scalar parameter
+            out_axes = ""
+        if "g" not in t.kinds:
+            operands[0] = g.sum(-1)
+            terms[0] = "zh"
+        val = torch.einsum(",".join(terms) + "->" + out_axes, *operands).reshape(p.shape)
+        out[t.param] = val if t.param not in out else out[t.param] + val
+    return {n: v.to(tensors[n].dtype) for n, v in out.items()}
 
 
 def sink_grad(dout, out, lse, sinks, layout: str):

@@ -95,9 +95,6 @@ def _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return
     validate.check_dense(q, k, v, layout)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
     x, extra, learn = exprs.resolve(q, mask_mod, score_mod, sinks, params)
-    if learn:
-        raise ValueError(f"params: {', '.join(n for n, _ in learn)} require grad; gradients of expression "
-                         "parameters are not implemented yet (detach them; sinks are differentiable)")
     hq = q.shape[1] if layout == "bhsd" else q.shape[2]
     exprs.check_sinks(sinks, hq)
     if x.mask_expr and opts.mask != "none":

@@ -197,6 +197,11 @@ class SpecEntry:
     dtypes: tuple[str, ...]
     targets: tuple[str, ...]
     families: tuple[str, ...]
+    # expressions (attngen.spec.named.resolve): as KernelSpec carries them; "" / () / False = none
+    mask_expr: str = ""
+    score_expr: str = ""
+    params: tuple = ()
+    sinks: bool = False
 
     def kernel_specs(self) -> list[KernelSpec]:
         """Expand over families x dtypes x targets, in a fixed order."""
@@ -213,7 +218,8 @@ class SpecEntry:
                     out.append(KernelSpec(
                         family=kind, dtype=dtype, target=target, head_dim_qk=self.head_dim_qk,
                         head_dim_v=self.head_dim_v, gqa_ratio=self.gqa_ratio, mask=inner,
-                        softcap=self.softcap > 0, varlen=self.mask == "document"))
+                        softcap=self.softcap > 0, varlen=self.mask == "document", mask_expr=self.mask_expr,
+                        score_expr=self.score_expr, params=self.params, sinks=self.sinks))
         return out
 
 
