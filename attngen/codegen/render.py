@@ -79,14 +79,7 @@ def next_pow2(n: int) -> int:
 
 
 def kernel_spec_repr(spec: KernelSpec) -> str:
-    # the expression fields only where a spec has them: the other kernels' stamps, hashes and
-    # tuned winners stay as they were
-    extra = ("mask_expr", "score_expr", "params", "sinks")
-    def value(k):
-        v = getattr(spec, k)
-        return tuple((d.name, d.shape, d.dtype, d.learnable) for d in v) if k == "params" else v
-
-    fields = ", ".join(f"{k}={value(k)!r}" for k in spec.as_dict() if spec.has_expr or k not in extra)
+    fields = ", ".join(f"{k}={v!r}" for k, v in spec.stamp_fields().items())
     return f"dict({fields})"
 
 

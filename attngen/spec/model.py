@@ -111,6 +111,19 @@ class KernelSpec:
         tile (the A/B baseline)."""
         return head_chunks(self.head_dim_qk if which == "qk" else self.head_dim_v, policy)
 
+    def stamp_fields(self) -> dict[str, Any]:
+        """The fields a generated module's KERNEL_SPEC records: the expression fields only where the
+        spec has them (the other kernels' stamps and hashes stay as before expressions), parameters
+        as (name, shape, dtype, learnable) tuples."""
+        extra = ("mask_expr", "score_expr", "params", "sinks")
+        out = {}
+        for f in dataclasses.fields(self):
+            if f.name in extra and not self.has_expr:
+                continue
+            v = getattr(self, f.name)
+            out[f.name] = tuple((d.name, d.shape, d.dtype, d.learnable) for d in v) if f.name == "params" else v
+        return out
+
     def replace(self, **changes: Any) -> "KernelSpec":
         return dataclasses.replace(self, **changes)
 

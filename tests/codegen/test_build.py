@@ -253,7 +253,7 @@ def test_module_constants(rendered):
                   if isinstance(t, ast.Name)}
         assert ast.literal_eval(consts["URI"]) == ks.uri
         assert eval(compile(ast.Expression(consts["KERNEL_SPEC"]), "<KERNEL_SPEC>", "eval"),
-                    {"__builtins__": {}, "dict": dict}) == ks.as_dict()
+                    {"__builtins__": {}, "dict": dict}) == ks.stamp_fields()
         assert ast.literal_eval(consts["HEAD_DIM_QK"]) == ks.head_dim_qk
         assert ast.literal_eval(consts["HEAD_DIM_V"]) == ks.head_dim_v
         assert ast.literal_eval(consts["GQA_RATIO"]) == ks.gqa_ratio
