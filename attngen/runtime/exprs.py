@@ -84,7 +84,10 @@ def resolve(q, mask_mod, score_mod, sinks, params) -> tuple[ExprSpec, dict, list
     for n, _ in learn:
         if n in mask_params:
             raise ValueError(f"params: '{n}' requires grad but is used in the mask (a mask is not differentiable)")
-    decls = tuple(_decl(n, tensors[n], tensors[n].requires_grad) for n in sorted(used))
+    nodes = [X.parse(texts[kind], kind, {n: _decl(n, t, False) for n, t in tensors.items()})
+             for kind in ("mask", "score") if texts[kind]]
+    decls = tuple(X.ParamDecl(n, X.axis_shape(nodes, n, tuple(tensors[n].shape)), _DTYPES[tensors[n].dtype],
+                              tensors[n].requires_grad) for n in sorted(used))
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
             raise ValueError("sinks: expected a float torch.Tensor (num_q_heads,)")

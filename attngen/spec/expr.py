@@ -164,6 +164,18 @@ def params_used(n: Node) -> list[str]:
     return out
 
 
+def axis_shape(nodes, param: str, shape: tuple) -> tuple:
+    """A parameter's shape as a kernel's identity records it: "b" / "h" where every subscript of
+    the parameter at that position is `b` / `h` (its extent follows the call), the size elsewhere
+    (a runtime call's concrete shape and a spec's symbolic one then name the same kernel)."""
+    subs = [m for n in nodes if n is not None for m in walk(n) if isinstance(m, Sub) and m.param == param]
+    out = []
+    for d, size in enumerate(shape):
+        names = {s.idx[d].name if isinstance(s.idx[d], Var) else None for s in subs if len(s.idx) > d}
+        out.append(names.pop() if len(names) == 1 and names <= {"b", "h"} else size)
+    return tuple(out)
+
+
 def const(v) -> Const:
     if isinstance(v, bool):
         return Const(BOOL, v)

@@ -70,6 +70,13 @@ class KernelSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.params, tuple) or any(not hasattr(p, "learnable") for p in self.params):
+            # from a manifest's JSON: a list of dicts
+            from attngen.spec.expr import ParamDecl
+
+            decls = tuple(p if hasattr(p, "learnable") else ParamDecl(p["name"], tuple(p["shape"]), p["dtype"],
+                                                                     p["learnable"]) for p in self.params)
+            object.__setattr__(self, "params", decls)
         problems = _check_kernel_spec(self)
         if problems:
             raise ValueError("invalid KernelSpec: " + "; ".join(problems))
