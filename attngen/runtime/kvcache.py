@@ -68,10 +68,11 @@ class DecodePlan(Plan):
         self.lse_shape = (B, hq, sq)
         out, lse = self.empty()
         op, lp = self.partials()
+        self.flags = kvguard.flags(q.device)
         self.compile(decode_launches(self.module, self.spec, q, k_cache, v_cache, self.out_view(out), lse, op, lp,
                                      opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
-                                     new_len, *descales, flags=kvguard.flags(q.device), k_new=new_kv[0],
+                                     new_len, *descales, flags=self.flags, k_new=new_kv[0],
                                      v_new=new_kv[1]))
 
     def empty(self):
@@ -94,7 +95,7 @@ class DecodePlan(Plan):
         op, lp = self.partials()
         self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                      "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
-                     "VDescale": v_descale, "Flags": kvguard.flags(self.device), "KNew": k, "VNew": v})
+                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v})
         return out, lse
 
 

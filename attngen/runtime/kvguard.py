@@ -29,19 +29,30 @@ _FLAGS: dict[torch.device, torch.Tensor] = {}
 _MEANING = {
     "FLAG_SEQLENS": "cache_seqlens: row {row} is below 0, or with the new tokens above the cache's capacity "
                     "(max_pages x page_size paged, S_max dense); the kernel clamped its keys into the cache",
-    "FLAG_TABLE": "block_table: row {row} uses a page index outside [0, num_pages); its keys were masked out "
-                  "(never read) and no new token was written there",
+    "FLAG_TABLE": "block_table: row {row} uses a page index outside [0, num_pages); that page was never read "
+                  "or written (the row's output is not meaningful)",
     "FLAG_APPEND": "cache_seqlens: row {row}: new k / v past the row's capacity (or at a negative position) "
                    "were not written",
 }
 
 
-def flags(device: torch.device) -> torch.Tensor:
+def _device(device) -> torch.device:
+    """torch.device(device), a CUDA device with its index ("cuda" -> the current one)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def flags(device) -> torch.Tensor:
     """The device's int32 (NUM_FLAGS,) flag tensor, made once (zeros) and reused, so a CUDA graph
     that captured a call keeps writing into it."""
     f = _FLAGS.get(device)
     if f is None:
-        f = _FLAGS[device] = torch.zeros(NUM_FLAGS, dtype=torch.int32, device=device)
+        device = _device(device)
+        f = _FLAGS.get(device)
+        if f is None:
+            f = _FLAGS[device] = torch.zeros(NUM_FLAGS, dtype=torch.int32, device=device)
     return f
 
 
@@ -51,7 +62,7 @@ def check_kvcache(device=None) -> None:
     record. Reads the flag of `device` (a torch.device or str; None: every device a call ran on):
     a device-to-host copy, so call it where a sync is cheap (after a step, in a test, in debug
     builds), not inside a captured CUDA graph."""
-    devices = list(_FLAGS) if device is None else [torch.device(device)]
+    devices = list(_FLAGS) if device is None else [_device(device)]
     found = []
     for dev in devices:
         f = _FLAGS.get(dev)

@@ -151,8 +151,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     Metadata out of range (a row's cache_seqlens below 0 or, with the new tokens, above its
     capacity -- max_pages x page_size paged, S_max dense --, a block-table entry outside
     [0, num_pages) for a page a row uses) is never followed outside the caches: the kernels clamp
-    the row's keys to its capacity, mask out a bad page's keys and write no new token that has no
-    room. Entries past the pages a row uses may hold anything (-1 padding). CPU metadata is
+    the row's keys to its capacity, never read or write a page outside the pool and write no new
+    token that has no room (such a row's output is not meaningful). Entries past the pages a row uses may hold anything (-1 padding). CPU metadata is
     checked before the launch: a ValueError naming `cache_seqlens` or `block_table`, the row and
     the value, nothing written. GPU metadata is not copied to the host (no sync: CUDA graphs keep
     working): the kernels record the row in a device flag, and `attngen.check_kvcache()` reads it

@@ -77,8 +77,10 @@ def make(case: str | tuple, seed: int = 0, device="cpu"):
 def expected(q, kc, vc, bt, seqlens, kn, vn, page):
     """What the kernels' semantics give, in float64: (caches after the append, out (B, Sq, Hq, D),
     lse (B, Hq, Sq), flag slots). A row's cache_seqlens is clamped into [0, capacity - new]; a new
-    token is written where its position is in [0, capacity) and its page in [0, num_pages); a used
-    page outside the pool contributes no key."""
+    token is written where its position is in [0, capacity) and its page in [0, num_pages); a row
+    that uses a page outside the pool reads none of it, but which of its other keys it reads
+    depends on the split: its out and lse are NaN here (unspecified; close() asks them finite or
+    an empty row's)."""
     B, sq = q.shape[:2]
     new = 0 if kn is None else kn.shape[1]
     pages = kc.shape[0]
@@ -109,16 +111,17 @@ def expected(q, kc, vc, bt, seqlens, kn, vn, page):
     lse = torch.full((B, HQ, sq), float("-inf"), dtype=torch.float64)
     for b in range(B):
         kv = min(max(int(seqlens[b]), 0), cap - new) + new
-        keys, vals, pos = [], [], []
+        keys, vals, pos, ok = [], [], [], True
         for j in range(kv):
             at, ok = where(b, j)
             if not ok:
                 flags.add(TABLE)
-                continue
+                out[b], lse[b] = float("nan"), float("nan")
+                break
             keys.append(kc[at].double())
             vals.append(vc[at].double())
             pos.append(j)
-        if not keys:
+        if not keys or not ok:
             continue
         k, v = torch.stack(keys), torch.stack(vals)  # (n, Hkv, D)
         k, v = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
@@ -131,7 +134,12 @@ def expected(q, kc, vc, bt, seqlens, kn, vn, page):
 
 
 def close(what: str, got, want, atol=4e-3, rtol=1e-2) -> None:
+    """|got - want| <= atol + rtol |want|, -inf where want is; where want is NaN (unspecified) got
+    finite or -inf (an lse of no key)."""
     got = got.double()
+    free = torch.isnan(want)
+    assert not (torch.isnan(got) | (got == float("inf")))[free].any(), f"{what}: NaN or inf where any value goes"
+    got, want = got.masked_fill(free, 0.0), want.masked_fill(free, 0.0)
     both_inf = torch.isinf(want) & (got == want)
     err = torch.where(both_inf, 0.0, (got - want).abs() - rtol * want.abs().nan_to_num(0.0, 0.0, 0.0))
     worst = float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0
