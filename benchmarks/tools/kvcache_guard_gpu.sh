@@ -19,6 +19,7 @@
 #             and guard_cost.txt (GB/s guard / base per row and layout, best of the two runs each);
 #             append_step_{base,guard}_{1,2}.json: a decode step with an append (us, do_bench median),
 #             torch indexing (base) against the append kernel
+# CASES=<comma-separated decode bench cases> limits the bench (default: all).
 # Needs git history for BASE (or BASE_TREE=<a checkout of the base tree>).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
@@ -71,7 +72,7 @@ if [[ " $PHASES " == *" bench "* ]]; then
       tree="$ROOT"
       [ "$which" = base ] && tree="$base_tree"
       (cd "$tree" && PYTHONPATH="$tree" ATTNGEN_DB="$nodb" ATTNGEN_CACHE_DIR="$OUT/cache_$which" \
-        python3 -m attngen.cli bench --mode decode --providers "$providers" \
+        python3 -m attngen.cli bench --mode decode --providers "$providers" ${CASES:+--cases "$CASES"} \
         --out "$OUT/bench_decode_${which}_${round}.json") 2>&1 | tee "$OUT/bench_decode_${which}_${round}.log"
     done
   done
