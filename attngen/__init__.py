@@ -16,6 +16,7 @@ _PUBLIC = {
     "attention_fp8": "attngen.runtime.public",
     "attention_varlen": "attngen.runtime.public",
     "attention_with_kvcache": "attngen.runtime.public",
+    "check_kvcache": "attngen.runtime.kvguard",
     "explain": "attngen.runtime.tools",
     "warmup": "attngen.runtime.tools",
 }

@@ -123,6 +123,12 @@ def tuning_db_layers() -> list[tuple[str, str]]:
     return [*layers, ("shipped", str(shipped))]
 
 
+def check_kvcache() -> bool:
+    """ATTNGEN_CHECK_KVCACHE=1: attention_with_kvcache checks cache_seqlens and block_table values
+    on the host before every launch (a device-to-host copy: for debugging; as validate=True)."""
+    return os.environ.get("ATTNGEN_CHECK_KVCACHE", "0") == "1"
+
+
 def interpreting() -> bool:
     """TRITON_INTERPRET=1: every kernel runs through Triton's interpreter (on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -22,6 +22,11 @@ MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
 MAX_SPLITS = 128
 MIN_SPLIT_KEYS = 256  # a slice shorter than this costs more in its partial write than it saves
 PROGRAMS_PER_SM = 2  # splits() aims at this many programs per SM
+# the slots of the int32 flag tensor the kernels write (row + 1) when a call's metadata is out of
+# range (attngen.runtime.kvguard reads them): kv_len past the capacity or cache_seqlens < 0; a
+# used block-table entry outside [0, num_pages); a new token not written (no room, or its page)
+FLAG_SLOTS = {"FLAG_SEQLENS": 0, "FLAG_TABLE": 1, "FLAG_APPEND": 2}
+NUM_FLAGS = 4
 
 
 @dataclass(frozen=True)
@@ -137,9 +142,14 @@ def variants(spec: KernelSpec) -> dict[str, bool]:
     return {}
 
 
+def context(spec: KernelSpec) -> dict:
+    return {"flag_slots": FLAG_SLOTS}
+
+
 def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
-                    new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None) -> list:
+                    new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None,
+                    flags=None, k_new=None, v_new=None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
     (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
     block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
@@ -148,19 +158,28 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     keys. An e4m3 cache: k_descale / v_descale fp32 (B, Hkv) or None (1.0). use_pdl (None:
     kernels.launch.pdl(q), sm90 GPUs): a split call's combine launch follows the split kernel with
     programmatic dependent launch (it starts as the split kernel's programs leave and waits inside
-    for their partial results)."""
+    for their partial results). flags: the int32 (NUM_FLAGS,) tensor the kernels flag metadata out
+    of range in (None: a scratch one). k_new / v_new (B, new_len, Hkv, D): the tokens an append
+    launch (_attn_decode_append, first) writes into the caches at cache_seqlens. Whatever
+    cache_seqlens and block_table hold, the kernels bound every row by the caches' capacity and
+    never follow a page index outside [0, num_pages)."""
     require_valid_decode(spec, cfg)
+    if flags is None:
+        import torch
+
+        flags = torch.zeros(NUM_FLAGS, dtype=torch.int32, device=q.device)
     use_pdl = pdl(q) if use_pdl is None else use_pdl
     B, sq, hq, _ = q.shape
     hkv = k_cache.shape[2]
     paged = block_table is not None
+    capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
     block_m = rows_tile(hq // hkv, sq)
     qk_scale, softcap_in, softcap_out = mask.score_args()
     split = num_splits > 1
     values = {
         "Q": q, "K": k_cache, "V": v_cache, "Out": out, "Lse": lse, "OutP": out_part, "LseP": lse_part,
         "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale, "VDescale": v_descale,
-        "stride_qz": q.stride(0), "stride_qm": q.stride(1), "stride_qh": q.stride(2),
+        "Flags": flags, "stride_qz": q.stride(0), "stride_qm": q.stride(1), "stride_qh": q.stride(2),
         "stride_kz": k_cache.stride(0), "stride_kn": k_cache.stride(1), "stride_kh": k_cache.stride(2),
         "stride_vz": v_cache.stride(0), "stride_vn": v_cache.stride(1), "stride_vh": v_cache.stride(2),
         "stride_oz": out.stride(0), "stride_om": out.stride(1), "stride_oh": out.stride(2),
@@ -171,6 +190,7 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "num_kv_heads": hkv, "seqlen_q": sq, "seqlen_k": 0 if cache_seqlens is not None else k_cache.shape[1],
         "new_len": new_len, "split_len": split_len, "num_splits": num_splits,
         "page_size": k_cache.shape[1] if paged else 1,
+        "capacity": capacity, "num_pages": k_cache.shape[0] if paged else 0,
         "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
@@ -178,7 +198,19 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "PDL": use_pdl and split,
     }
     grid = programs(num_splits * hkv, B, "q") if B and sq else 0
-    launches = [Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages)]
+    launches = []
+    if k_new is not None and new_len:
+        names = ("K", "V", "CacheSeqlens", "BlockTable", "KDescale", "VDescale", "Flags", "stride_kz", "stride_kn",
+                 "stride_kh", "stride_vz", "stride_vn", "stride_vh", "stride_bt", "stride_kdz", "stride_kdh",
+                 "stride_vdz", "stride_vdh", "num_kv_heads", "new_len", "capacity", "num_pages", "page_size",
+                 "PAGED", "K_DESCALE", "V_DESCALE")
+        append = {n: values[n] for n in names}
+        append.update({"KNew": k_new, "VNew": v_new})
+        append.update({f"stride_{p}{a}": t.stride(i) for p, t in (("n", k_new), ("m", v_new))
+                       for i, a in enumerate("zmhd")})
+        launches.append(Launch.of(mod, "_attn_decode_append", programs(new_len * hkv, B, "k") if B else 0, append,
+                                  1, 1))
+    launches.append(Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages))
     if split:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
                                           "stride_lz", "stride_lh", "stride_lm", "num_kv_heads", "seqlen_q",
@@ -311,5 +343,6 @@ class TuningHooks:
 FAMILY = Family(
     "decode", "attn_decode.py.jinja", DecodeConfig, check_decode,
     lambda spec, kind, seqlen_q=0, window=None: default_decode_config(spec, kind),
-    ("_attn_decode", "_attn_decode_combine"), "attngen.families.decode:decode_launches", 1.0, ("out", "lse"),
-    space=SPACE, portable=lambda cfg, spec: cfg, variants=variants, hooks="attngen.families.decode:TuningHooks")
+    ("_attn_decode", "_attn_decode_combine", "_attn_decode_append"), "attngen.families.decode:decode_launches", 1.0, ("out", "lse"),
+    space=SPACE, portable=lambda cfg, spec: cfg, variants=variants, hooks="attngen.families.decode:TuningHooks",
+    context=context)

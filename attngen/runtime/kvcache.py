@@ -2,8 +2,9 @@
 
 A short query (1 to 16 tokens) against a contiguous cache (B, S_max, Hkv, D) or a paged one
 (num_pages, page_size, Hkv, D) addressed through an int32 block table. New keys and values are
-written into the cache in place at cache_seqlens (device-side indexing, no host copy) and seen by
-the same call. The split of the key axis comes from shapes only (attngen.families.decode.splits),
+written into the cache in place at cache_seqlens (by the family's append kernel, no host copy)
+and seen by the same call; metadata out of range is never followed outside the caches and is
+reported as attngen.runtime.kvguard says. The split of the key axis comes from shapes only (attngen.families.decode.splits),
 so a call never reads cache_seqlens on the host and can be captured in a CUDA graph. Dense
 attention() calls with a short query and a long KV go through the same plan (DensePlan).
 """
@@ -19,7 +20,7 @@ from attngen.families import decode as fam_decode
 from attngen.families import family
 from attngen.kernels.common import MAX_SEQLEN
 from attngen.kernels.launch import sm_count
-from attngen.runtime import dispatch, validate
+from attngen.runtime import dispatch, kvguard, validate
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache
 
@@ -40,7 +41,7 @@ class DecodePlan(Plan):
     ALIGNED = ("Q", "K", "V")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
-                 num_splits: int = 0, out_layout: str = "bshd", descales=(None, None)):
+                 num_splits: int = 0, out_layout: str = "bshd", descales=(None, None), new_kv=(None, None)):
         B, sq, hq, dqk = q.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         paged = block_table is not None
@@ -67,10 +68,12 @@ class DecodePlan(Plan):
         self.lse_shape = (B, hq, sq)
         out, lse = self.empty()
         op, lp = self.partials()
+        self.flags = kvguard.flags(q.device)
         self.compile(decode_launches(self.module, self.spec, q, k_cache, v_cache, self.out_view(out), lse, op, lp,
                                      opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
-                                     new_len, *descales))
+                                     new_len, *descales, flags=self.flags, k_new=new_kv[0],
+                                     v_new=new_kv[1]))
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -85,13 +88,14 @@ class DecodePlan(Plan):
         return (torch.empty(self.part_shapes[0], dtype=torch.float32, device=self.device),
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
-    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None):
-        """(out in the plan's layout, lse (B, Hq, Sq))."""
+    def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None,
+                  k=None, v=None):
+        """(out in the plan's layout, lse (B, Hq, Sq)); k / v: the new tokens the plan appends first."""
         out, lse = self.empty()
         op, lp = self.partials()
         self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                      "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
-                     "VDescale": v_descale})
+                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v})
         return out, lse
 
 
@@ -135,9 +139,10 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=None, v_descale=None) -> int:
+def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=None, v_descale=None) -> int:
     """Shape, dtype and device checks that need no device-to-host copy; returns new_len. The caches
-    hold q's dtype, or e4m3 (an fp8 cache: k_descale / v_descale fp32 (B, Hkv) or None, 1.0)."""
+    hold q's dtype, or e4m3 (an fp8 cache: k_descale / v_descale fp32 (B, Hkv) or None, 1.0).
+    Values (cache_seqlens, block_table entries): kvguard.check_values, kvcache_impl."""
     doc = "(B, S, H, D) (paged caches: (num_pages, page_size, H, D))"
     dtype = validate.check_tensors({"q": q}, 4, doc)
     cache_dtype = validate.check_tensors({"k_cache": k_cache, "v_cache": v_cache}, 4, doc, dtypes=(dtype, E4M3))
@@ -175,6 +180,8 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_desca
             _fail(f"block_table: on {block_table.device}, but q is on {q.device}")
         if s_c % 16:
             _fail(f"k_cache: page size {s_c} is not a multiple of 16")
+        if k_cache.shape[0] == 0:
+            _fail("k_cache: a paged cache needs at least one page (num_pages is 0)")
         capacity = block_table.shape[1] * s_c
     else:
         if k_cache.shape[0] != B:
@@ -210,42 +217,25 @@ def check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_desca
     return new_len
 
 
-def _to_e4m3(x, descale):
-    """x (B, n, Hkv, D) quantized for an fp8 cache whose values are x8 * descale (B, Hkv)."""
-    x = x.float() if descale is None else x.float() / descale[:, None, :, None]
-    return x.clamp(-448.0, 448.0).to(E4M3)
-
-
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale=None, v_descale=None) -> None:
-    """Write k / v (B, n, Hkv, D) into the caches at positions cache_seqlens[b] + [0, n), in place,
-    with device-side index arithmetic (no host copy); into an fp8 cache divided by its descales
-    and rounded to e4m3 (saturating at 448)."""
-    B, n = k.shape[:2]
-    if k_cache.dtype == E4M3:
-        k, v = _to_e4m3(k, k_descale), _to_e4m3(v, v_descale)
-    pos = cache_seqlens.long()[:, None] + torch.arange(n, device=k.device)
-    if block_table is None:
-        rows = torch.arange(B, device=k.device)[:, None].expand(B, n)
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
-    else:
-        size = k_cache.shape[1]
-        page = block_table.long().gather(1, pos // size)
-        k_cache[page, pos % size] = k
-        v_cache[page, pos % size] = v
-
-
 def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0,
-                 k_descale=None, v_descale=None):
-    """(out, lse) of a checked call; the body of the custom op."""
-    if k is not None:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table, k_descale, v_descale)
+                 k_descale=None, v_descale=None, validate: bool = False):
+    """(out, lse) of a checked call; the body of the custom op. The metadata's values are checked
+    on the host (kvguard.check_values) when they are there already (CPU tensors) or `validate`
+    asks (a device-to-host copy; skipped while a CUDA graph is captured); the kernels bound every
+    access and flag the rest (kvguard.flags)."""
+    if cache_seqlens is not None and (cache_seqlens.device.type == "cpu" or validate and not
+                                      kvguard.capturing(cache_seqlens.device)):
+        paged = block_table is not None
+        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        kvguard.check_values(cache_seqlens, block_table, new_len, capacity, k_cache.shape[0] if paged else 0,
+                             k_cache.shape[1])
     descales = (None if k_descale is None else k_descale.stride(), None if v_descale is None else v_descale.stride())
     key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
            k_cache.dtype, q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
-           block_table.stride()), new_len, num_splits, descales, dispatch.override())
+           block_table.stride()), new_len, None if k is None else (k.stride(), v.stride()), num_splits, descales,
+           dispatch.override())
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, DecodePlan(q, k_cache, v_cache, opts, cache_seqlens, block_table, new_len,
-                                          num_splits, descales=(k_descale, v_descale)))
-    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale)
+                                          num_splits, descales=(k_descale, v_descale), new_kv=(k, v)))
+    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v)

@@ -76,10 +76,10 @@ def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cach
              k: Optional[torch.Tensor], v: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
              scale: float, softcap: float, window_left: int, window_right: int, mask: str,
              new_len: int, num_splits: int, k_descale: Optional[torch.Tensor] = None,
-             v_descale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+             v_descale: Optional[torch.Tensor] = None, validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     opts = _opts(scale, softcap, window_left, window_right, mask, False, "bshd")
     return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits,
-                                k_descale, v_descale)
+                                k_descale, v_descale, validate)
 
 
 @_kvcache.register_fake
@@ -89,9 +89,10 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
 
 
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int,
-                      k_descale=None, v_descale=None):
+                      k_descale=None, v_descale=None, validate: bool = False):
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
-                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale)
+                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale,
+                    validate)
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -14,8 +14,10 @@ import dataclasses
 
 import torch
 
+from attngen import env
 from attngen.families.decode import MAX_SPLITS
 from attngen.runtime import api, dispatch, exprs, fp8, kvcache, ops, validate
+from attngen.runtime.validate import make_options
 
 
 def _wants_grad(q, k, v) -> bool:
@@ -168,7 +170,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
                            causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
-                           num_splits=0, k_descale=None, v_descale=None):
+                           num_splits=0, k_descale=None, v_descale=None, validate=None):
     """Attention of a short query on a KV cache (decoding), split over the key axis.
 
     q (B, Sq, Hq, D), Sq from 1 to 16; caches (B, S_max, Hkv, D), or paged (num_pages, page_size,
@@ -187,20 +189,33 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     kernel reads the e4m3 values, widens them exactly to q's dtype and applies the descales in
     fp32; new k / v are divided by the descales and rounded to e4m3 (saturating) as they are
     written.
+
+    Metadata out of range (a row's cache_seqlens below 0 or, with the new tokens, above its
+    capacity -- max_pages x page_size paged, S_max dense --, a block-table entry outside
+    [0, num_pages) for a page a row uses) is never followed outside the caches: the kernels clamp
+    the row's keys to its capacity, never read or write a page outside the pool and write no new
+    token that has no room (such a row's output is not meaningful). Entries past the pages a row uses may hold anything (-1 padding). CPU metadata is
+    checked before the launch: a ValueError naming `cache_seqlens` or `block_table`, the row and
+    the value, nothing written. GPU metadata is not copied to the host (no sync: CUDA graphs keep
+    working): the kernels record the row in a device flag, and `attngen.check_kvcache()` reads it
+    (a sync) and raises the same way. validate=True checks GPU metadata before the launch with
+    one device-to-host copy (None: only if ATTNGEN_CHECK_KVCACHE=1; skipped while a CUDA graph is
+    captured). See docs/decode.md, "Metadata out of range".
     """
-    new_len = kvcache.check_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
+    new_len = kvcache.check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
         raise ValueError("q: attention_with_kvcache is inference only (no gradient); call it under "
                          "torch.no_grad() or use attention() for training")
-    opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
+    opts = make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
+    check = env.check_kvcache() if validate is None else bool(validate)
     if torch.compiler.is_compiling():
         out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                         num_splits, k_descale, v_descale)
+                                         num_splits, k_descale, v_descale, check)
     else:
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                        num_splits, k_descale, v_descale)
+                                        num_splits, k_descale, v_descale, check)
     return (out, lse) if return_lse else out
 
 

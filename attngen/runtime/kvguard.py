@@ -1,0 +1,110 @@
+"""KV-cache metadata out of range: what attention_with_kvcache checks, and where (docs/decode.md,
+"Metadata out of range").
+
+The decode kernels never read or write outside the caches, whatever `cache_seqlens` and
+`block_table` hold (templates/attn_decode.py.jinja): a row's keys are clamped to the cache's
+capacity, a page index outside [0, num_pages) is never followed, a new token with no room is not
+written. What the caller is told:
+
+* metadata on the CPU (Triton's interpreter) is checked here before the launch: a ValueError
+  naming `cache_seqlens` or `block_table`, the row and the value, and nothing written;
+* metadata on a GPU is not copied to the host on the default path (a call stays free of syncs and
+  CUDA-graph capturable): the kernels write row + 1 into a slot of this device's flag tensor
+  (one int32 tensor per device, made once), and `attngen.check_kvcache()` reads it (a sync),
+  clears it and raises;
+* `validate=True` (or ATTNGEN_CHECK_KVCACHE=1, attngen.env.check_kvcache) checks GPU metadata
+  here too, with one device-to-host copy, before the launch (not while a CUDA graph is captured,
+  where the flag still records).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attngen.families.decode import FLAG_SLOTS, NUM_FLAGS
+
+_FLAGS: dict[torch.device, torch.Tensor] = {}
+
+# what a flagged row means, per slot
+_MEANING = {
+    "FLAG_SEQLENS": "cache_seqlens: row {row} is below 0, or with the new tokens above the cache's capacity "
+                    "(max_pages x page_size paged, S_max dense); the kernel clamped its keys into the cache",
+    "FLAG_TABLE": "block_table: row {row} uses a page index outside [0, num_pages); that page was never read "
+                  "or written (the row's output is not meaningful)",
+    "FLAG_APPEND": "cache_seqlens: row {row}: new k / v past the row's capacity (or at a negative position) "
+                   "were not written",
+}
+
+
+def _device(device) -> torch.device:
+    """torch.device(device), a CUDA device with its index ("cuda" -> the current one)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def flags(device) -> torch.Tensor:
+    """The device's int32 (NUM_FLAGS,) flag tensor, made once (zeros) and reused, so a CUDA graph
+    that captured a call keeps writing into it."""
+    f = _FLAGS.get(device)
+    if f is None:
+        device = _device(device)
+        f = _FLAGS.get(device)
+        if f is None:
+            f = _FLAGS[device] = torch.zeros(NUM_FLAGS, dtype=torch.int32, device=device)
+    return f
+
+
+def check_kvcache(device=None) -> None:
+    """Raise a ValueError naming the argument (`cache_seqlens`, `block_table`) and a row if an
+    attention_with_kvcache call since the last check had metadata out of range, and clear the
+    record. Reads the flag of `device` (a torch.device or str; None: every device a call ran on):
+    a device-to-host copy, so call it where a sync is cheap (after a step, in a test, in debug
+    builds), not inside a captured CUDA graph."""
+    devices = list(_FLAGS) if device is None else [_device(device)]
+    found = []
+    for dev in devices:
+        f = _FLAGS.get(dev)
+        if f is None:
+            continue
+        values = f.tolist()
+        if any(values):
+            f.zero_()
+            found += [f"{_MEANING[name].format(row=values[slot] - 1)} (on {dev})"
+                      for name, slot in FLAG_SLOTS.items() if values[slot]]
+    if found:
+        raise ValueError("; ".join(found))
+
+
+def capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_values(cache_seqlens, block_table, new_len: int, capacity: int, num_pages: int, page_size: int) -> None:
+    """Host check of a call's metadata values (a device-to-host copy for GPU tensors): every row's
+    cache_seqlens in [0, capacity - new_len], and every block-table entry of a page the row uses
+    (its first ceil((cache_seqlens + new_len) / page_size)) in [0, num_pages). Entries past the
+    used pages may hold anything. Raises a ValueError naming the argument, the row and the value."""
+    if cache_seqlens is None:
+        return
+    lens = cache_seqlens.cpu().long()
+    bad = ((lens < 0) | (lens > capacity - new_len)).nonzero()
+    if bad.numel():
+        row = int(bad[0])
+        what = (f"{int(lens[row])} keys + {new_len} new" if new_len else f"{int(lens[row])} keys")
+        if block_table is not None:
+            room = f"{capacity} ({block_table.shape[1]} pages of {page_size} in block_table)"
+        else:
+            room = f"{capacity} (the cache's S_max)"
+        raise ValueError(f"cache_seqlens: row {row} holds {what}; must be from 0 to a row's capacity {room}")
+    if block_table is None or not block_table.numel():
+        return
+    table = block_table.cpu().long()
+    used = torch.arange(table.shape[1])[None, :] < ((lens + new_len + page_size - 1) // page_size)[:, None]
+    bad = (used & ((table < 0) | (table >= num_pages))).nonzero()
+    if bad.numel():
+        row, col = (int(x) for x in bad[0])
+        raise ValueError(f"block_table: row {row}, entry {col} is {int(table[row, col])}, a page the row uses "
+                         f"(cache_seqlens {int(lens[row])} + {new_len} new keys); pages are 0 to {num_pages - 1} "
+                         f"(k_cache holds {num_pages})")
