@@ -24,10 +24,11 @@ def reference(q, k, v, mask_mod=None, score_mod=None, sinks=None, causal=False, 
     Hkv, Sk = k.shape[1], k.shape[2]
     q, k, v = q.to(dt), k.to(dt).repeat_interleave(Hq // Hkv, 1), v.to(dt).repeat_interleave(Hq // Hkv, 1)
     s = (q @ k.transpose(-1, -2)).to(torch.float64 if upcast else torch.float32) / math.sqrt(D)
-    b = torch.arange(B)[:, None, None, None]
-    h = torch.arange(Hq)[None, :, None, None]
-    qi = torch.arange(Sq)[None, None, :, None] + (Sk - Sq)
-    ki = torch.arange(Sk)[None, None, None, :]
+    dev = q.device
+    b = torch.arange(B, device=dev)[:, None, None, None]
+    h = torch.arange(Hq, device=dev)[None, :, None, None]
+    qi = torch.arange(Sq, device=dev)[None, None, :, None] + (Sk - Sq)
+    ki = torch.arange(Sk, device=dev)[None, None, None, :]
     if score_mod is not None:
         s = score_mod(s, b, h, qi, ki)
     keep = torch.ones_like(s, dtype=torch.bool)
@@ -45,9 +46,9 @@ def reference(q, k, v, mask_mod=None, score_mod=None, sinks=None, causal=False, 
     return p.to(dt) @ v
 
 
-def _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed):
+def _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    mk = lambda *s: torch.randn(*s, generator=g).to(dtype).to(device)  # noqa: E731
     return mk(B, Hq, Sq, D), mk(B, Hkv, Sk, D), mk(B, Hkv, Sk, D), mk(B, Hq, Sq, D)
 
 
@@ -65,22 +66,28 @@ def t5_bucket(rel):
     return ret + torch.where(n < 8, n, large)
 
 
-CASES = {
-    # name: (mask_mod, score_mod, sinks, causal)
-    "chunked": (lambda b, h, q, k: (k <= q) & (q // 32 == k // 32), None, None, False),
-    "prefix_lm": (lambda b, h, q, k: (k <= q) | (k < PREFIX[b]), None, None, False),
-    "alibi_causal": (None, lambda s, b, h, q, k: s - SLOPES[h] * (q - k).abs(), None, True),
-    "gpt_oss_swa_sinks": (lambda b, h, q, k: (k <= q) & (q - k < 16), None, SINKS, False),
-    "sink_window": (lambda b, h, q, k: (k <= q) & ((k < 4) | (q - k < 24)), None, None, False),
-    "t5_bias": (None, lambda s, b, h, q, k: s + T5_BIAS[h, t5_bucket(k - q)], None, False),
-    "softcap_expr": (None, lambda s, b, h, q, k: 30.0 * torch.tanh(s / 30.0), None, True),
-    "sinks_causal": (None, None, SINKS, True),
-}
+def cases(device="cpu") -> dict:
+    """name: (mask_mod, score_mod, sinks, causal), the captured tensors on `device`."""
+    slopes, prefix, t5 = SLOPES.to(device), PREFIX.to(device), T5_BIAS.to(device)
+    return {
+        "chunked": (lambda b, h, q, k: (k <= q) & (q // 32 == k // 32), None, None, False),
+        "prefix_lm": (lambda b, h, q, k: (k <= q) | (k < prefix[b]), None, None, False),
+        "alibi_causal": (None, lambda s, b, h, q, k: s - slopes[h] * (q - k).abs(), None, True),
+        "gpt_oss_swa_sinks": (lambda b, h, q, k: (k <= q) & (q - k < 16), None, SINKS, False),
+        "sink_window": (lambda b, h, q, k: (k <= q) & ((k < 4) | (q - k < 24)), None, None, False),
+        "t5_bias": (None, lambda s, b, h, q, k: s + t5[h, t5_bucket(k - q)], None, False),
+        "softcap_expr": (None, lambda s, b, h, q, k: 30.0 * torch.tanh(s / 30.0), None, True),
+        "sinks_causal": (None, None, SINKS, True),
+    }
 
 
-def _run(name, dtype, B, Hq, Hkv, Sq, Sk, D, seed, target):
-    mask_mod, score_mod, sinks, causal = CASES[name]
-    q, k, v, dout = _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed)
+CASES = cases()
+
+
+def _run(name, dtype, B, Hq, Hkv, Sq, Sk, D, seed, target, device="cpu"):
+    mask_mod, score_mod, sinks, causal = cases(device)[name]
+    q, k, v, dout = _inputs(B, Hq, Hkv, Sq, Sk, D, dtype, seed, device)
+    sinks = None if sinks is None else sinks.to(device)
     sinks_t = None if sinks is None else sinks[:Hq].clone().requires_grad_(True)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     with dispatch.forced_target(target):
