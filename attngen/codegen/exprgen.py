@@ -61,7 +61,7 @@ def fragments(spec: KernelSpec) -> Fragments:
     names = param_names(spec)
     tensors = "".join(f", XP_{n}" for n in names) + (", Sinks" if spec.sinks else "")
     sizes = ", ".join(f"xp_{p.name}_s{i}, xp_{p.name}_n{i}" for p in spec.params for i in range(len(p.shape)))
-    args = ", x_b, x_h" + "".join(f", XP_{n}" for n in names)
+    args = ", x_b, x_h" + "".join(f", XP_{n}" for n in names) + (", Sinks" if spec.sinks else "")
     if sizes:
         args += ", " + sizes
     mask = mask_node(spec)

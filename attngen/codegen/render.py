@@ -168,7 +168,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # sm90 TMA / Gluon kernels take no expressions yet (the pointer kernels serve them)
         "xg": exprgen,
         "x": exprgen.fragments(spec),
-        "tma_kernels": spec.target == "sm90" and not spec.has_expr,
+        "tma_kernels": spec.target == "sm90",
         "dq_reverse": dq_reverse,
         # the fp8 Gluon kernel's P to P.V's operand: through the key reorder (the prologue's PERM16)
         # or a layout conversion (A/B; the caller then runs the prologue without PERM16)

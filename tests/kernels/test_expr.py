@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import attngen
-from attngen.runtime import dispatch
+from attngen.runtime import api, dispatch
 from attngen.testing import assert_flash_rule, check_grads
 
 
@@ -90,12 +90,12 @@ def _run(name, dtype, B, Hq, Hkv, Sq, Sk, D, seed, target, device="cpu"):
     sinks = None if sinks is None else sinks.to(device)
     sinks_t = None if sinks is None else sinks[:Hq].clone().requires_grad_(True)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    with dispatch.forced_target(target):
+    with dispatch.forced_target(target):  # the forward and the backward of the target's family
         out = attngen.attention(*leaves, causal=causal, mask_mod=mask_mod, score_mod=score_mod, sinks=sinks_t)
+        grads = torch.autograd.grad(out, leaves + ([sinks_t] if sinks_t is not None else []), dout)
     ref = reference(q, k, v, mask_mod, score_mod, None if sinks is None else sinks[:Hq], causal)
     ref_pt = reference(q, k, v, mask_mod, score_mod, None if sinks is None else sinks[:Hq], causal, upcast=False)
     assert_flash_rule(f"{name}/out", out, ref, ref_pt, 2.0)
-    grads = torch.autograd.grad(out, leaves + ([sinks_t] if sinks_t is not None else []), dout)
 
     def fn(q_, k_, v_, *s_, upcast):
         return reference(q_, k_, v_, mask_mod, score_mod, s_[0] if s_ else None, causal, upcast)
@@ -205,3 +205,26 @@ def test_learnable_parameter_gradients():
     assert_flash_rule("alibi/dslope", got[1], ref[1], pt[1], 5.0)
     again = grads(leaf(bias0), leaf(slope0))
     assert torch.equal(got[0], again[0]) and torch.equal(got[1], again[1]), "parameter gradients not reproducible"
+
+
+TMA_PATHS = {
+    # the sm90 family's TMA kernels, each knob the dispatcher can choose for them
+    "tma": (dict(tma=True), dict(tma=True)),
+    "tma_ws_qregs": (dict(tma=True, warp_specialize=True, q_regs=True), dict(tma=True, dq_regs=True)),
+    "tma_persistent_split": (dict(tma=True, persistent=2, lazy_rescale=True), dict(tma=True, split_dkdv=True)),
+}
+
+
+@pytest.mark.parametrize("path", sorted(TMA_PATHS))
+@pytest.mark.parametrize("name", ["prefix_lm", "gpt_oss_swa_sinks", "t5_bias"])
+def test_expression_tma_kernels(name, path):
+    from attngen.families.bwd import BwdConfig
+    from attngen.families.fwd import FwdConfig
+
+    f, b = TMA_PATHS[path]
+    api.clear_plans()
+    warps = 8 if f.get("warp_specialize") else 4
+    with dispatch.forced_config(fwd=FwdConfig(32, 32, warps, 2, **f), bwd=BwdConfig(32, 32, 4, 2, 32, 32, 4, 2, **b)):
+        _run(name, torch.bfloat16, 2, 4, 2, 77, 113, 64, seed=13, target="sm90")
+    launched = {n for kind in api.launched().values() for n, _ in kind}
+    assert {"_attn_fwd_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"} <= launched, launched

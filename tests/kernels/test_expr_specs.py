@@ -81,14 +81,14 @@ def test_shipped_expression_entry(f, e, target):
         out = attngen.attention(*leaves, causal=e.mask in ("causal", "sliding_window"), window_size=window,
                                 mask_mod=e.mask_expr or None, score_mod=e.score_expr or None, params=params or None,
                                 sinks=sinks, scale=scale)
+        learn = [t for t in params.values() if t.requires_grad]
+        grads = torch.autograd.grad(out, leaves + learn, dout)
     plans = list(api._FWD.values())
     assert len(plans) == 1 and loader.built_module_path(plans[0].spec) is not None, (
         f"{f}/{e.name}: the call ran {plans[0].spec.uri}, not a generated kernel of the spec")
     ref = _reference(q, k, v, e, params, sinks, scale)
     ref_pt = _reference(q, k, v, e, params, sinks, scale, upcast=False)
     assert_flash_rule(f"{e.name}/out", out, ref, ref_pt, 2.0)
-    learn = [t for t in params.values() if t.requires_grad]
-    grads = torch.autograd.grad(out, leaves + learn, dout)
     check_grads(e.name, lambda q_, k_, v_, upcast: _reference(q_, k_, v_, e, params, sinks, scale, upcast),
                 [q, k, v], dout, grads[:3])
     for t, got in zip(learn, grads[3:]):
