@@ -171,8 +171,8 @@ def test_gpt_oss_20b():
     assert (sliding.mask, sliding.window, sliding.sinks, sliding.mask_expr) == ("sliding_window", 128, True, "")
     assert (full.mask, full.sinks, full.gqa_ratio, full.head_dim_qk) == ("causal", True, 8, 64)
     uris = [k.uri for k in sliding.kernel_specs()]
-    # fwd and bwd x 2 dtypes x 2 targets (no decode kernels for expressions / sinks yet)
-    assert len(uris) == 8 and all("_swa_sinks_x" in u for u in uris), uris
+    # fwd, bwd and decode x 2 dtypes x 2 targets
+    assert len(uris) == 12 and all("_swa_sinks_x" in u for u in uris), uris
     assert all(k.sinks and k.mask == "causal" for k in full.kernel_specs())
 
 
@@ -180,7 +180,7 @@ def test_llama4_scout():
     chunked, glob = load_spec(SPECS_DIR / "llama4_scout.yaml").entries
     assert chunked.mask == "none" and chunked.gqa_ratio == 5 and chunked.head_dim_qk == 128
     assert chunked.mask_expr == "((kv_idx <= q_idx) and ((q_idx // 8192) == (kv_idx // 8192)))"
-    assert {k.family for k in chunked.kernel_specs()} == {"fwd", "bwd"}
+    assert {k.family for k in chunked.kernel_specs()} == {"fwd", "bwd", "decode"}
     assert glob.mask == "causal" and not glob.mask_expr
     assert [k.uri for k in glob.kernel_specs()][0] == "attn_fwd_bf16_hd128_gqa5_causal_sm80"
 

@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from attngen.families.base import Family, _pow2, require_valid
-from attngen.kernels.launch import Launch, pdl, programs
+from attngen.kernels.launch import expr_values, Launch, pdl, programs
 from attngen.spec import KernelSpec
 
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
@@ -149,7 +149,7 @@ def context(spec: KernelSpec) -> dict:
 def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
                     new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None,
-                    flags=None, k_new=None, v_new=None) -> list:
+                    flags=None, k_new=None, v_new=None, extra=None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
     (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
     block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
@@ -195,7 +195,7 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
         "SPLIT": split, "K_DESCALE": k_descale is not None, "V_DESCALE": v_descale is not None,
-        "PDL": use_pdl and split,
+        "PDL": use_pdl and split, **expr_values(extra),
     }
     grid = programs(num_splits * hkv, B, "q") if B and sq else 0
     launches = []

@@ -112,6 +112,25 @@ def _rename(text: str, old: str, new: str) -> str:
     return ast.unparse(tree)
 
 
+def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks, params):
+    """(opts carrying the call's ExprSpec, kernel tensors, learnable parameters). A built-in mask
+    given with a mask expression joins it (both must keep a pair: one expression)."""
+    import dataclasses
+
+    x, extra, learn = resolve(q, mask_mod, score_mod, sinks, params)
+    check_sinks(sinks, hq)
+    if x.mask_expr and opts.mask != "none":
+        builtin = {"causal": "(kv_idx <= q_idx)",
+                   "sliding_window": f"((kv_idx <= (q_idx + {opts.window_right})) and "
+                                     f"(kv_idx >= (q_idx - {opts.window_left})))"}[opts.mask]
+        x = dataclasses.replace(x, mask_expr=f"({builtin} and {x.mask_expr})")
+        opts = dataclasses.replace(opts, mask="none")
+    if x.score_expr and opts.softcap > 0:
+        raise ValueError("softcap: a score_mod replaces softcapping; write it in the expression "
+                         "(tanh(score / cap) * cap)")
+    return dataclasses.replace(opts, expr=x), extra, learn
+
+
 def check_sinks(sinks, hq: int) -> None:
     if sinks is not None and tuple(sinks.shape) != (hq,):
         raise ValueError(f"sinks: expected shape ({hq},) (one logit per query head), got {tuple(sinks.shape)}")

@@ -41,7 +41,8 @@ class DecodePlan(Plan):
     ALIGNED = ("Q", "K", "V")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
-                 num_splits: int = 0, out_layout: str = "bshd", descales=(None, None), new_kv=(None, None)):
+                 num_splits: int = 0, out_layout: str = "bshd", descales=(None, None), new_kv=(None, None),
+                 extra=None):
         B, sq, hq, dqk = q.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         paged = block_table is not None
@@ -73,7 +74,7 @@ class DecodePlan(Plan):
                                      opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
                                      new_len, *descales, flags=self.flags, k_new=new_kv[0],
-                                     v_new=new_kv[1]))
+                                     v_new=new_kv[1], extra=extra))
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -89,13 +90,14 @@ class DecodePlan(Plan):
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
     def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None,
-                  k=None, v=None):
-        """(out in the plan's layout, lse (B, Hq, Sq)); k / v: the new tokens the plan appends first."""
+                  k=None, v=None, extra=None):
+        """(out in the plan's layout, lse (B, Hq, Sq)); k / v: the new tokens the plan appends first;
+        extra: an expression call's parameters and sinks by kernel name."""
         out, lse = self.empty()
         op, lp = self.partials()
         self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                      "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
-                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v})
+                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, **(extra or {})})
         return out, lse
 
 
@@ -218,7 +220,7 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=
 
 
 def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0,
-                 k_descale=None, v_descale=None, validate: bool = False):
+                 k_descale=None, v_descale=None, validate: bool = False, extra=None):
     """(out, lse) of a checked call; the body of the custom op. The metadata's values are checked
     on the host (kvguard.check_values) when they are there already (CPU tensors) or `validate`
     asks (a device-to-host copy; skipped while a CUDA graph is captured); the kernels bound every
@@ -233,9 +235,10 @@ def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, ne
     key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
            k_cache.dtype, q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
            block_table.stride()), new_len, None if k is None else (k.stride(), v.stride()), num_splits, descales,
-           dispatch.override())
+           dispatch.override(), None if not extra else tuple((n, t.shape, t.stride(), t.dtype)
+                                                              for n, t in sorted(extra.items())))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, DecodePlan(q, k_cache, v_cache, opts, cache_seqlens, block_table, new_len,
-                                          num_splits, descales=(k_descale, v_descale), new_kv=(k, v)))
-    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v)
+                                          num_splits, descales=(k_descale, v_descale), new_kv=(k, v), extra=extra))
+    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v, extra)

@@ -96,20 +96,8 @@ def _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return
                          "with expressions outside the compiled region")
     validate.check_dense(q, k, v, layout)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
-    x, extra, learn = exprs.resolve(q, mask_mod, score_mod, sinks, params)
     hq = q.shape[1] if layout == "bhsd" else q.shape[2]
-    exprs.check_sinks(sinks, hq)
-    if x.mask_expr and opts.mask != "none":
-        # the built-in mask and the expression both apply: one expression
-        builtin = {"causal": "(kv_idx <= q_idx)",
-                   "sliding_window": f"((kv_idx <= (q_idx + {opts.window_right})) and "
-                                     f"(kv_idx >= (q_idx - {opts.window_left})))"}[opts.mask]
-        x = dataclasses.replace(x, mask_expr=f"({builtin} and {x.mask_expr})")
-        opts = dataclasses.replace(opts, mask="none")
-    if x.score_expr and opts.softcap > 0:
-        raise ValueError("softcap: a score_mod replaces softcapping; write it in the expression "
-                         "(tanh(score / cap) * cap)")
-    opts = dataclasses.replace(opts, expr=x)
+    opts, extra, learn = exprs.expr_options(q, hq, opts, mask_mod, score_mod, sinks, params)
     out, lse = exprs.expr_attention(q, k, v, opts, extra, learn, sinks, bool(deterministic))
     return (out, lse) if return_lse else out
 
@@ -170,8 +158,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
                            causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
-                           num_splits=0, k_descale=None, v_descale=None, validate=None):
+                           num_splits=0, k_descale=None, v_descale=None, validate=None, mask_mod=None,
+                           score_mod=None, sinks=None, params=None):
     """Attention of a short query on a KV cache (decoding), split over the key axis.
+
+    mask_mod / score_mod / params / sinks: expressions and learned sinks as attention() takes them
+    (q_idx is the query's position in the row's keys: kv_len - Sq + i); inference only.
 
     q (B, Sq, Hq, D), Sq from 1 to 16; caches (B, S_max, Hkv, D), or paged (num_pages, page_size,
     Hkv, D) with `block_table` (B, max_pages) int32 (page_size a multiple of 16); the head dim
@@ -210,6 +202,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
                          "torch.no_grad() or use attention() for training")
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
     check = env.check_kvcache() if validate is None else bool(validate)
+    if mask_mod is not None or score_mod is not None or sinks is not None or params:
+        if torch.compiler.is_compiling():
+            raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile")
+        opts, extra, _ = exprs.expr_options(q, q.shape[2], opts, mask_mod, score_mod,
+                                            None if sinks is None else sinks.detach(),
+                                            {n: t.detach() for n, t in (params or {}).items()})
+        out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
+                                        num_splits, k_descale, v_descale, check, extra)
+        return (out, lse) if return_lse else out
     if torch.compiler.is_compiling():
         out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
                                          num_splits, k_descale, v_descale, check)

@@ -183,8 +183,6 @@ def _check_expr(k: KernelSpec) -> list[str]:
     p = []
     if k.family == "fwd_fp8":
         p.append("fp8 kernels take no expressions or sinks")
-    if k.family == "decode":
-        p.append("decode kernels take no expressions or sinks yet (the forward family serves such calls)")
     if k.mask_expr and k.mask != "none":
         p.append("a mask expression replaces the built-in mask (mask must be 'none')")
     if k.score_expr and k.softcap:
@@ -232,8 +230,6 @@ class SpecEntry:
         for family in self.families:
             if family == "decode" and self.mask == "document":
                 continue  # decoding reads a KV cache, never packed documents
-            if family == "decode" and (self.mask_expr or self.score_expr or self.sinks):
-                continue  # the decode kernels take no expressions or sinks yet
             for dtype in self.dtypes:
                 kind = FP8_FAMILIES.get(family) if dtype == "fp8_e4m3" else family
                 if kind is None:

@@ -228,3 +228,41 @@ def test_expression_tma_kernels(name, path):
         _run(name, torch.bfloat16, 2, 4, 2, 77, 113, 64, seed=13, target="sm90")
     launched = {n for kind in api.launched().values() for n, _ in kind}
     assert {"_attn_fwd_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"} <= launched, launched
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("name", ["gpt_oss_swa_sinks", "chunked", "alibi_causal", "t5_bias"])
+def test_expression_decode(name, paged):
+    # attention_with_kvcache with expressions: rows of different lengths, 2 new tokens appended,
+    # GQA 3 (the tile packs a KV head's query heads: h varies by row), split over the key axis
+    mask_mod, score_mod, sinks, causal = cases()[name]
+    g = torch.Generator().manual_seed(14)
+    B, Hq, Hkv, D, Sq, page = 3, 6, 2, 64, 2, 16
+    lens = [37, 100, 5]
+    cap = 112
+    mk = lambda *s: torch.randn(*s, generator=g).to(torch.float16)  # noqa: E731
+    q, kn, vn = mk(B, Sq, Hq, D), mk(B, Sq, Hkv, D), mk(B, Sq, Hkv, D)
+    kc, vc = mk(B, cap, Hkv, D), mk(B, cap, Hkv, D)
+    seqlens = torch.tensor(lens, dtype=torch.int32)
+    if paged:
+        perm = torch.randperm(B * cap // page, generator=g)
+        table = perm.reshape(B, cap // page).to(torch.int32)
+        kp, vp = torch.empty(B * cap // page, page, Hkv, D, dtype=kc.dtype), torch.empty(B * cap // page, page, Hkv, D,
+                                                                                          dtype=vc.dtype)
+        kp[table.flatten().long()] = kc.reshape(-1, page, Hkv, D)
+        vp[table.flatten().long()] = vc.reshape(-1, page, Hkv, D)
+        caches, kw = (kp, vp), {"block_table": table}
+    else:
+        caches, kw = (kc.clone(), vc.clone()), {}
+    s = None if sinks is None else sinks[:Hq]
+    out = attngen.attention_with_kvcache(q, *caches, seqlens, k=kn, v=vn, causal=causal, mask_mod=mask_mod,
+                                         score_mod=score_mod, sinks=s, num_splits=3, **kw)
+    for b, n in enumerate(lens):
+        keys = torch.cat([kc[b, :n], kn[b]]).transpose(0, 1)[None]
+        vals = torch.cat([vc[b, :n], vn[b]]).transpose(0, 1)[None]
+        qb = q[b].transpose(0, 1)[None]
+        mm = None if mask_mod is None else (lambda bb, h, qi, ki, b=b: mask_mod(bb * 0 + b, h, qi, ki))
+        sm = None if score_mod is None else (lambda sc, bb, h, qi, ki, b=b: score_mod(sc, bb * 0 + b, h, qi, ki))
+        ref = reference(qb, keys, vals, mm, sm, s, causal)
+        ref_pt = reference(qb, keys, vals, mm, sm, s, causal, upcast=False)
+        assert_flash_rule(f"{name}/decode/row{b}", out[b].transpose(0, 1)[None], ref, ref_pt, 2.0)
