@@ -30,7 +30,7 @@ def _launched(launches) -> list[dict]:
 def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
             causal_alignment="bottom_right", deterministic=False, cu_seqlens_q=None,
             cu_seqlens_k=None, max_seqlen_q: int = 0, max_seqlen_k: int = 0, precision=None,
-            rotate=True) -> dict:
+            rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None) -> dict:
     """What attngen.attention(q, k, v, **same options) would run, without running it; with
     cu_seqlens_q / cu_seqlens_k (and max_seqlen_*) what attngen.attention_varlen would run;
     precision="fp8": the fp8 family's prologue and kernel (no backward)."""
@@ -47,8 +47,14 @@ def explain(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=N
         # q_in_kernel: the attention kernel quantizes (and rotates) Q itself, the prologue K and V only
         return {**_summary(plan, opts, layout), "precision": "fp8", "rotate": rotate,
                 "q_in_kernel": plan.q_in_kernel, "backward": None}
-    plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-            if packed else api.forward_plan(q, k, v, opts))
+    extra = None
+    if mask_mod is not None or score_mod is not None or sinks is not None or params:
+        from attngen.runtime import exprs
+
+        hq = q.shape[1] if layout in ("bhsd", "packed") else q.shape[2]
+        opts, extra, _ = exprs.expr_options(q, hq, opts, mask_mod, score_mod, sinks, params)
+    plan = (api.checked_plan(q, k, v, opts, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, extra)
+            if packed else api.forward_plan(q, k, v, opts, extra=extra))
     bwd_spec = plan.spec.replace(family=api.BWD.name)
     from attngen.runtime import loader
 
@@ -93,8 +99,27 @@ def _summary(plan, opts, layout: str) -> dict:
         "programs": next((r["programs"] for r in launched if r["entry"] == plan.FAMILY.kernels[0]),
                          launched[0]["programs"] if launched else 0),
         "offsets_64bit": any(r["offsets_64bit"] for r in launched), "mask": opts.mask,
-        "layout": layout,
+        "layout": layout, **_expressions(plan.spec),
     }
+
+
+def _expressions(spec) -> dict:
+    """An expression kernel's expressions as its identity holds them, and how its loops use the
+    mask: key ranges from the mask's affine bounds, tiles tested one by one where an `or` or a
+    condition leaves gaps (attngen.codegen.exprgen)."""
+    if not spec.has_expr:
+        return {}
+    from attngen.spec import expr as X
+
+    node = X.parse(spec.mask_expr, "mask", {p.name: p for p in spec.params}) if spec.mask_expr else None
+    return {"expressions": {
+        "mask": spec.mask_expr or None, "score_mod": spec.score_expr or None,
+        "params": [p.text() for p in spec.params], "sinks": spec.sinks,
+        "tile_classification": None if node is None else (
+            "key loop [lo, hi) from the mask's bounds over each query block; [full_lo, full_hi) runs "
+            "without mask math" + ("; the mask has gaps inside that range (or / conditions): their "
+                                   "tiles are masked, not skipped" if X.needs_tile_skip(node, "kv_idx") else "")),
+    }}
 
 
 def warmup(*, num_q_heads: int, num_kv_heads: int, head_dim: int, seqlens=(1024,), batch: int = 1,
