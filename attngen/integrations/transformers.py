@@ -5,8 +5,8 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation="attngen")
 
 Covers Llama-style decoder attention: causal (or not, per the module), GQA, sliding windows
-(`sliding_window` of W keys = flash-attn window (W - 1, 0)) and tanh softcapping where the model's
-attention passes them. Padding masks: transformers hands over the 2-D (batch, keys) padding mask
+(`sliding_window` of W keys = flash-attn window (W - 1, 0)), tanh softcapping and gpt-oss's
+learned sinks (`s_aux`) where the model's attention passes them. Padding masks: transformers hands over the 2-D (batch, keys) padding mask
 (flash-attn's mask convention), and the call is routed to attngen.attention_varlen over the real
 tokens; padded query rows come back as zeros. Dropout, and arbitrary 4-D masks, are a clear error.
 """
@@ -31,6 +31,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (int(sliding_window) - 1, 0 if causal else int(sliding_window) - 1) if sliding_window else (-1, -1)
     kw = dict(causal=bool(causal), window_size=window, softcap=float(softcap or 0.0), scale=scaling)
+    if kwargs.get("s_aux") is not None:  # gpt-oss: its learned sinks, one logit per query head
+        kw["sinks"] = kwargs["s_aux"]
     if attention_mask is None:
         out = attngen.attention(query, key, value, **kw)
         return out.transpose(1, 2), None

@@ -133,12 +133,24 @@ class _EagerAttention(torch.autograd.Function):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
                      return_lse=False, deterministic=False, causal_alignment="bottom_right",
-                     precision=None, rotate=True):
+                     precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None):
     """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
-    fp32 logsumexp (Hq, total_q). Differentiable (precision="fp8": inference only, as attention())."""
+    fp32 logsumexp (Hq, total_q). Differentiable (precision="fp8": inference only, as attention()).
+    mask_mod / score_mod / sinks / params as attention()'s, inside each document (b is the
+    document, q_idx / kv_idx its own positions)."""
     validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if mask_mod is not None or score_mod is not None or sinks is not None or params:
+        if precision is not None:
+            raise ValueError("precision: the fp8 kernels take no expressions or sinks")
+        if torch.compiler.is_compiling():
+            raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile")
+        opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
+        opts, extra, learn = exprs.expr_options(q, q.shape[1], opts, mask_mod, score_mod, sinks, params)
+        out, lse = exprs.expr_attention(q, k, v, opts, extra, learn, sinks, bool(deterministic), cu_seqlens_q,
+                                        cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        return (out, lse) if return_lse else out
     if precision is not None and fp8.check_precision(precision, rotate):
         return _fp8_call(q, k, v, causal, window_size, softcap, scale, causal_alignment, "packed", return_lse,
                          rotate, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -266,3 +266,29 @@ def test_expression_decode(name, paged):
         ref = reference(qb, keys, vals, mm, sm, s, causal)
         ref_pt = reference(qb, keys, vals, mm, sm, s, causal, upcast=False)
         assert_flash_rule(f"{name}/decode/row{b}", out[b].transpose(0, 1)[None], ref, ref_pt, 2.0)
+
+
+def test_expression_varlen_sinks():
+    # packed documents with a mask expression and sinks: each document on its own against float64
+    g = torch.Generator().manual_seed(15)
+    lens = [37, 5, 66]
+    Hq, Hkv, D = 4, 2, 32
+    T = sum(lens)
+    mk = lambda *s: torch.randn(*s, generator=g).to(torch.float16)  # noqa: E731
+    q, k, v, dout = mk(T, Hq, D), mk(T, Hkv, D), mk(T, Hkv, D), mk(T, Hq, D)
+    cu = torch.tensor([0, 37, 42, 108], dtype=torch.int32)
+    sinks = torch.randn(Hq, generator=g).requires_grad_(True)
+    mask_mod = lambda b, h, qi, ki: (ki <= qi) & ((qi - ki < 9) | (ki < 2))  # noqa: E731
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = attngen.attention_varlen(*leaves, cu, cu, 66, 66, mask_mod=mask_mod, sinks=sinks)
+    grads = torch.autograd.grad(out, leaves + [sinks], dout)
+    dsinks_ref = torch.zeros(Hq, dtype=torch.float64)
+    for a, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        doc = [t[a:e].transpose(0, 1)[None] for t in (q, k, v)]
+        ref = reference(*doc, mask_mod, None, sinks.detach())
+        ref_pt = reference(*doc, mask_mod, None, sinks.detach(), upcast=False)
+        assert_flash_rule(f"doc{a}", out[a:e].transpose(0, 1)[None], ref, ref_pt, 2.0)
+        s64 = sinks.detach().double().requires_grad_(True)
+        r = reference(*doc, mask_mod, None, s64)
+        dsinks_ref += torch.autograd.grad(r, s64, dout[a:e].transpose(0, 1)[None].double())[0]
+    torch.testing.assert_close(grads[3].double(), dsinks_ref, atol=2e-3, rtol=1e-2, msg="packed sinks' gradient")
