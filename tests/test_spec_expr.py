@@ -14,6 +14,7 @@ import yaml
 from attngen.env import REPO_ROOT
 from attngen.spec import KernelSpec, SpecError, load_spec
 from attngen.spec import expr as X
+from attngen.spec.expr_eval import eval_torch
 from attngen.spec import named as N
 
 SPECS_DIR = REPO_ROOT / "specs"
@@ -59,7 +60,7 @@ def env(b=0, h=0, score=None):
 
 def mask_of(name, params=None, b=0, **constants):
     m, _, _ = N.nodes(N.NAMED[name], constants)
-    return torch.broadcast_to(torch.as_tensor(X.eval_torch(m, env(b=b), params or {}), dtype=torch.bool), (SQ, SK))
+    return torch.broadcast_to(torch.as_tensor(eval_torch(m, env(b=b), params or {}), dtype=torch.bool), (SQ, SK))
 
 
 def test_builtin_masks_are_the_templates_semantics():
@@ -78,7 +79,7 @@ def test_builtin_masks_are_the_templates_semantics():
 def test_softcap_score():
     s = torch.linspace(-200, 200, SQ * SK, dtype=torch.float64).reshape(SQ, SK)
     _, node, _ = N.nodes(N.NAMED["softcap"], {"cap": 50})
-    torch.testing.assert_close(X.eval_torch(node, env(score=s), {}), 50 * torch.tanh(s / 50))
+    torch.testing.assert_close(eval_torch(node, env(score=s), {}), 50 * torch.tanh(s / 50))
 
 
 def test_chunked_is_causal_inside_chunks():
@@ -113,9 +114,9 @@ def test_alibi_subtracts_slope_times_distance():
     m, node, params = N.nodes(N.NAMED["alibi"])
     assert params == {"slope": X.ParamDecl("slope", ("h",), "fp32")}
     for h in (0, 5, 15):
-        got = X.eval_torch(node, env(h=h, score=s), {"slope": slopes})
+        got = eval_torch(node, env(h=h, score=s), {"slope": slopes})
         torch.testing.assert_close(got, s - slopes[h] * (ROWS + D - COLS).abs().double())
-    assert torch.equal(torch.as_tensor(X.eval_torch(m, env(), {})), (COLS <= ROWS + D))
+    assert torch.equal(torch.as_tensor(eval_torch(m, env(), {})), (COLS <= ROWS + D))
 
 
 def t5_relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
@@ -150,7 +151,7 @@ def test_t5_bias_buckets_match_t5(num_buckets, max_distance):
     s = torch.randn(n, n, dtype=torch.float64)
     for h in (0, 11):
         e = {"q_idx": q, "kv_idx": k, "b": 0, "h": torch.tensor(h), "seqlen_q": n, "seqlen_k": n, "score": s}
-        torch.testing.assert_close(X.eval_torch(node, e, {"bias": bias}), s + bias[h][want_bucket], rtol=0, atol=0)
+        torch.testing.assert_close(eval_torch(node, e, {"bias": bias}), s + bias[h][want_bucket], rtol=0, atol=0)
 
 
 def test_named_texts_parse_and_round_trip():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attngen.codegen import exprcode as XC
 from attngen.spec import expr as X
 from attngen.spec.model import KernelSpec
 
@@ -67,7 +68,7 @@ def fragments(spec: KernelSpec) -> Fragments:
     mask = mask_node(spec)
     grads = "".join(f", XG{t.index}" for t in grad_terms(spec))
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
-                     mask is not None and X.needs_tile_skip(mask, "kv_idx"), grads)
+                     mask is not None and XC.needs_tile_skip(mask, "kv_idx"), grads)
 
 
 def _params(spec: KernelSpec) -> dict:
@@ -94,7 +95,7 @@ def mask_tile(spec: KernelSpec, rows: str, cols: str, transposed: bool = False, 
     node = mask_node(spec)
     if node is None:
         return ""
-    em = X.Emitter(_tile_names(rows, cols, transposed, decode), _load(spec), "xm_")
+    em = XC.Emitter(_tile_names(rows, cols, transposed, decode), _load(spec), "xm_")
     out = em.emit(node)
     return "\n".join(em.lines + [f"x_keep = {out}"])
 
@@ -104,7 +105,7 @@ def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: st
     """Statements computing `out` = score_mod(scale * qk) in the log2 domain; with derivative,
     also `<out>_dmod` = d score_mod / d score (none when the modification adds to the score)."""
     node = score_node(spec)
-    em = X.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_")
+    em = XC.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_")
     lines = [f"x_score = {qk} * (qk_scale * 0.6931471805599453)"]
     res = em.emit(node)
     tail = [f"{out} = {res} * 1.4426950408889634"]
@@ -137,8 +138,8 @@ def key_range(spec: KernelSpec, row_lo: str, row_hi: str, decode: bool = False) 
     node = mask_node(spec)
     if node is None:
         return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_k // BLOCK_N) * BLOCK_N\nhi = seqlen_k"
-    b = X.Bounds(_box(row_lo, row_hi, decode, "kv_idx"), _load(spec), "xr_")
-    r = X.Ranges(b, "kv_idx", "seqlen_k")
+    b = XC.Bounds(_box(row_lo, row_hi, decode, "kv_idx"), _load(spec), "xr_")
+    r = XC.Ranges(b, "kv_idx", "seqlen_k")
     may, must = r.both(node)
     lo, hi = r.resolve(may)
     flo, fhi = r.resolve(must)
@@ -160,8 +161,8 @@ def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
     node = mask_node(spec)
     if node is None:
         return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_q // BLOCK_M) * BLOCK_M\nhi = seqlen_q"
-    b = X.Bounds(_box("", "", False, "q_idx", col_lo, col_hi), _load(spec), "xr_")
-    r = X.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
+    b = XC.Bounds(_box("", "", False, "q_idx", col_lo, col_hi), _load(spec), "xr_")
+    r = XC.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
     may, must = r.both(node)
     lo, hi = r.resolve(may)
     flo, fhi = r.resolve(must)
@@ -173,7 +174,7 @@ def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
 def tile_live(spec: KernelSpec, row_lo: str, row_hi: str, col_lo: str, col_hi: str) -> str:
     """Statements leaving in `x_live` whether the mask may keep some pair of the tile."""
     node = mask_node(spec)
-    b = X.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_")
+    b = XC.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_")
     may, _ = b.boolean(node)
     return "\n".join(b.lines + [f"x_live = {may if may is not None else True}"])
 
@@ -235,7 +236,7 @@ def grad_update(spec: KernelSpec, ds: str) -> str:
     if not terms:
         return ""
     node = score_node(spec)
-    em = X.Emitter(_tile_names("rows", "cols", False, False), _load(spec), "xq_")
+    em = XC.Emitter(_tile_names("rows", "cols", False, False), _load(spec), "xq_")
     lines = []
     for t in terms:
         d = em.emit(X.diff(node, lambda m, o=t.node: m == o))

@@ -109,6 +109,7 @@ def _expressions(spec) -> dict:
     condition leaves gaps (attngen.codegen.exprgen)."""
     if not spec.has_expr:
         return {}
+    from attngen.codegen.exprcode import needs_tile_skip
     from attngen.spec import expr as X
 
     node = X.parse(spec.mask_expr, "mask", {p.name: p for p in spec.params}) if spec.mask_expr else None
@@ -118,7 +119,7 @@ def _expressions(spec) -> dict:
         "tile_classification": None if node is None else (
             "key loop [lo, hi) from the mask's bounds over each query block; [full_lo, full_hi) runs "
             "without mask math" + ("; the mask has gaps inside that range (or / conditions): their "
-                                   "tiles are masked, not skipped" if X.needs_tile_skip(node, "kv_idx") else "")),
+                                   "tiles are masked, not skipped" if needs_tile_skip(node, "kv_idx") else "")),
     }}
 
 

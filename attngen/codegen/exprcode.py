@@ -1,0 +1,404 @@
+"""Spec-language expressions as Triton code (attngen.spec.expr's trees): tile statements
+(Emitter), interval bounds over an index box (Bounds: tile classification), and the loop ranges a
+mask allows (Ranges, linear); the fragments' builder is attngen.codegen.exprgen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from attngen.spec.expr import (BOOL, FLOAT, INT, Bin, BoolOp, Call, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var,
+                               add, const, mul, neg, sub, uses, walk)
+
+
+
+
+@dataclass
+class Emitter:
+    """Triton statements that evaluate expressions on a tile. names: index name -> code (already
+    broadcast to the tile, e.g. q_idx -> "(rows + diag_offset)[:, None]"); load(param, [codes]) ->
+    code of the parameter's value at those indices. Shared sub-trees are computed once."""
+
+    names: dict
+    load: Callable
+    prefix: str = "x_"
+    lines: list = field(default_factory=list)
+    memo: dict = field(default_factory=dict)
+
+    def tmp(self, code: str) -> str:
+        name = f"{self.prefix}{len(self.lines)}"
+        self.lines.append(f"{name} = {code}")
+        return name
+
+    def emit(self, n: Node) -> str:
+        if n in self.memo:
+            return self.memo[n]
+        code = self._emit(n)
+        if not isinstance(n, (Const, Var)):
+            code = self.tmp(code)
+        self.memo[n] = code
+        return code
+
+    def _emit(self, n: Node) -> str:
+        if isinstance(n, Const):
+            return repr(n.value)
+        if isinstance(n, Var):
+            return self.names[n.name]
+        if isinstance(n, Sub):
+            return self.load(n.param, [self.emit(i) for i in n.idx])
+        if isinstance(n, Bin):
+            a, b = self.emit(n.a), self.emit(n.b)
+            if n.op == "/":
+                return f"({a} * 1.0) / {b}"
+            if n.op in ("//", "%") and n.ty == INT:
+                # truncating division fixed to Python's floor, whichever way the backend rounds
+                q = self.tmp(f"{a} // {b}")
+                r = self.tmp(f"{a} - {q} * {b}")
+                fix = self.tmp(f"({r} != 0) & (({r} < 0) != ({b} < 0))")
+                return f"tl.where({fix}, {q} - 1, {q})" if n.op == "//" else f"tl.where({fix}, {r} + {b}, {r})"
+            if n.op in ("//", "%"):
+                fq = self.tmp(f"tl.floor({a} / {b})")
+                return fq if n.op == "//" else f"{a} - {fq} * {b}"
+            return f"{a} {n.op} {b}"
+        if isinstance(n, Neg):
+            return f"-{self.emit(n.a)}"
+        if isinstance(n, Not):
+            return f"({self.emit(n.a)} == 0)"
+        if isinstance(n, Cmp):
+            return f"{self.emit(n.a)} {n.op} {self.emit(n.b)}"
+        if isinstance(n, BoolOp):
+            return f"{self.emit(n.a)} {'&' if n.op == 'and' else '|'} {self.emit(n.b)}"
+        if isinstance(n, IfExp):
+            return f"tl.where({self.emit(n.c)}, {self.emit(n.a)}, {self.emit(n.b)})"
+        if isinstance(n, Call):
+            args = [self.emit(a) for a in n.args]
+            if n.fn == "abs":
+                return f"tl.abs({args[0]})" if not isinstance(n.args[0], Const) else repr(abs(n.args[0].value))
+            if n.fn in ("min", "max"):
+                if all(isinstance(a, Const) for a in n.args):
+                    return repr((min if n.fn == "min" else max)(a.value for a in n.args))
+                a, b = args
+                if isinstance(n.args[0], Const):  # Triton's minimum wants a tensor first
+                    a, b = b, a
+                return f"tl.{'minimum' if n.fn == 'min' else 'maximum'}({a}, {b})"
+            if n.fn == "floor":
+                return f"tl.floor({args[0]}).to(tl.int32)" if n.args[0].ty == FLOAT else args[0]
+            x = f"({args[0]} * 1.0)"
+            if n.fn == "tanh":
+                e = self.tmp(f"tl.math.exp2(-2.8853900817779268 * tl.abs({x}))")
+                t = self.tmp(f"(1.0 - {e}) / (1.0 + {e})")
+                return f"tl.where({x} < 0, -{t}, {t})"
+            return f"tl.{n.fn}({x})"
+        raise TypeError(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# interval bounds over an index box (scalar Triton code)
+
+
+class Bounds:
+    """Interval bounds of expressions over a box of index values, as scalar Triton code.
+
+    box: name -> (lo, hi) code strings (equal strings: a single value, e.g. b -> ("off_z",
+    "off_z")). Numeric bounds are (lo, hi) with None for unbounded; booleans are (may, must): code
+    true where some point of the box satisfies the expression / where all do (None: unknown, i.e.
+    may = True, must = False). A parameter is bounded only where all its indices are single
+    values (it is then loaded once, through `load`)."""
+
+    def __init__(self, box: dict, load: Callable, prefix: str = "xb_"):
+        self.box, self.load, self.prefix = box, load, prefix
+        self.lines: list[str] = []
+        self.memo: dict = {}
+
+    def tmp(self, code: str) -> str:
+        name = f"{self.prefix}{len(self.lines)}"
+        self.lines.append(f"{name} = {code}")
+        return name
+
+    def _mm(self, f: str, a, b):
+        if a is None or b is None:
+            return None
+        if a == b:
+            return a
+        return self.tmp(f"tl.{f}({a}, {b})")
+
+    def num(self, n: Node):
+        key = ("num", n)
+        if key not in self.memo:
+            self.memo[key] = self._num(n)
+        return self.memo[key]
+
+    def _num(self, n: Node):
+        if isinstance(n, Const):
+            v = repr(n.value)
+            return v, v
+        if isinstance(n, Var):
+            return self.box.get(n.name, (None, None))
+        if isinstance(n, Sub):
+            idx = [self.num(i) for i in n.idx]
+            if all(lo is not None and lo == hi for lo, hi in idx):
+                v = self.tmp(self.load(n.param, [lo for lo, _ in idx]))
+                return v, v
+            return None, None
+        if isinstance(n, Neg):
+            lo, hi = self.num(n.a)
+            return (None if hi is None else self.tmp(f"-{hi}")), (None if lo is None else self.tmp(f"-{lo}"))
+        if isinstance(n, Bin):
+            (al, ah), (bl, bh) = self.num(n.a), self.num(n.b)
+            if n.op == "+":
+                return (None if None in (al, bl) else self.tmp(f"{al} + {bl}"),
+                        None if None in (ah, bh) else self.tmp(f"{ah} + {bh}"))
+            if n.op == "-":
+                return (None if None in (al, bh) else self.tmp(f"{al} - {bh}"),
+                        None if None in (ah, bl) else self.tmp(f"{ah} - {bl}"))
+            if n.op == "*":
+                if isinstance(n.b, Const) or isinstance(n.a, Const):
+                    c, (xl, xh) = (n.b.value, (al, ah)) if isinstance(n.b, Const) else (n.a.value, (bl, bh))
+                    if c >= 0:
+                        return (None if xl is None else self.tmp(f"{xl} * {c!r}"),
+                                None if xh is None else self.tmp(f"{xh} * {c!r}"))
+                    return (None if xh is None else self.tmp(f"{xh} * {c!r}"),
+                            None if xl is None else self.tmp(f"{xl} * {c!r}"))
+                if None in (al, ah, bl, bh):
+                    return None, None
+                ps = [self.tmp(f"{x} * {y}") for x in (al, ah) for y in (bl, bh)]
+                lo = self.tmp(f"tl.minimum(tl.minimum({ps[0]}, {ps[1]}), tl.minimum({ps[2]}, {ps[3]}))")
+                hi = self.tmp(f"tl.maximum(tl.maximum({ps[0]}, {ps[1]}), tl.maximum({ps[2]}, {ps[3]}))")
+                return lo, hi
+            if n.op == "//" and isinstance(n.b, Const) and n.b.value > 0 and n.ty == INT:
+                c = n.b.value
+                f = lambda x: None if x is None else self.tmp(f"tl.where({x} < 0, -((-{x} + {c - 1}) // {c}), {x} // {c})")
+                return f(al), f(ah)
+            if n.op == "%" and isinstance(n.b, Const) and n.b.value > 0:
+                return "0", repr(n.b.value - 1 if n.ty == INT else n.b.value)
+            if n.op == "/" and isinstance(n.b, Const) and n.b.value > 0:
+                c = float(n.b.value)
+                return (None if al is None else self.tmp(f"{al} / {c!r}"),
+                        None if ah is None else self.tmp(f"{ah} / {c!r}"))
+            return None, None
+        if isinstance(n, Call):
+            if n.fn in ("min", "max"):
+                (al, ah), (bl, bh) = self.num(n.args[0]), self.num(n.args[1])
+                f = "minimum" if n.fn == "min" else "maximum"
+                if n.fn == "min":
+                    lo = self._mm(f, al, bl)
+                    hi = ah if bh is None else bh if ah is None else self._mm(f, ah, bh)
+                    return lo, hi
+                lo = al if bl is None else bl if al is None else self._mm(f, al, bl)
+                return lo, self._mm(f, ah, bh)
+            lo, hi = self.num(n.args[0])
+            if n.fn == "abs":
+                if lo is None or hi is None:
+                    return "0", None
+                return (self.tmp(f"tl.where({lo} > 0, {lo}, tl.where({hi} < 0, -{hi}, 0))"),
+                        self.tmp(f"tl.maximum(-{lo}, {hi})"))
+            if n.fn == "floor":
+                if n.args[0].ty == INT:
+                    return lo, hi
+                return (None if lo is None else self.tmp(f"tl.floor({lo}).to(tl.int32)"),
+                        None if hi is None else self.tmp(f"tl.floor({hi}).to(tl.int32)"))
+            if n.fn in ("exp",):
+                return ("0.0" if lo is None else self.tmp(f"tl.exp({lo} * 1.0)"),
+                        None if hi is None else self.tmp(f"tl.exp({hi} * 1.0)"))
+            if n.fn == "tanh":
+                return "-1.0", "1.0"
+            return None, None
+        if isinstance(n, IfExp) and n.ty != BOOL:
+            may, must = self.boolean(n.c)
+            (al, ah), (bl, bh) = self.num(n.a), self.num(n.b)
+            lo, hi = self._mm("minimum", al, bl), self._mm("maximum", ah, bh)
+            if must is not None:
+                lo = None if lo is None or al is None else self.tmp(f"tl.where({must}, {al}, {lo})")
+                hi = None if hi is None or ah is None else self.tmp(f"tl.where({must}, {ah}, {hi})")
+            return lo, hi
+        return None, None
+
+    def boolean(self, n: Node):
+        """(may, must) codes (None: unknown)."""
+        key = ("bool", n)
+        if key not in self.memo:
+            self.memo[key] = self._boolean(n)
+        return self.memo[key]
+
+    def _boolean(self, n: Node):
+        if isinstance(n, Const):
+            return ("True", "True") if n.value else ("False", "False")
+        if isinstance(n, Cmp):
+            (al, ah), (bl, bh) = self.num(n.a), self.num(n.b)
+            lt = lambda x, y, op: None if x is None or y is None else self.tmp(f"{x} {op} {y}")
+            if n.op in ("<", "<="):
+                return lt(al, bh, n.op), lt(ah, bl, n.op)
+            if n.op in (">", ">="):
+                return lt(ah, bl, n.op), lt(al, bh, n.op)
+            if n.op == "==":
+                may = None if None in (al, ah, bl, bh) else self.tmp(f"({al} <= {bh}) & ({bl} <= {ah})")
+                must = None if None in (al, ah, bl, bh) else self.tmp(
+                    f"({al} == {ah}) & ({bl} == {bh}) & ({al} == {bl})")
+                return may, must
+            may = None if None in (al, ah, bl, bh) else self.tmp(
+                f"({al} != {ah}) | ({bl} != {bh}) | ({al} != {bl})")
+            must = None if None in (al, ah, bl, bh) else self.tmp(f"({ah} < {bl}) | ({bh} < {al})")
+            return may, must
+        if isinstance(n, BoolOp):
+            (am, aM), (bm, bM) = self.boolean(n.a), self.boolean(n.b)
+            if n.op == "and":
+                may = am if bm is None else bm if am is None else self.tmp(f"{am} & {bm}")
+                must = None if aM is None or bM is None else self.tmp(f"{aM} & {bM}")
+            else:
+                may = None if am is None or bm is None else self.tmp(f"{am} | {bm}")
+                must = aM if bM is None else bM if aM is None else self.tmp(f"{aM} | {bM}")
+            return may, must
+        if isinstance(n, Not):
+            may, must = self.boolean(n.a)
+            return (None if must is None else self.tmp(f"({must} == 0)"),
+                    None if may is None else self.tmp(f"({may} == 0)"))
+        if isinstance(n, IfExp):
+            (cm, cM), (am, aM), (bm, bM) = self.boolean(n.c), self.boolean(n.a), self.boolean(n.b)
+            may = None if am is None or bm is None else self.tmp(f"{am} | {bm}")
+            must = None if aM is None or bM is None else self.tmp(f"{aM} & {bM}")
+            if cM is not None and am is not None and aM is not None:  # the condition holds on the whole box
+                may = self.tmp(f"tl.where({cM}, {am}, {may if may is not None else True})")
+            return may, must
+        return None, None
+
+
+# ---------------------------------------------------------------------------------------------
+# loop ranges: where along one index (kv_idx for the forward and the dQ pass, q_idx for the dK/dV
+# pass) the mask may hold / holds everywhere, for the box of the other indices
+
+
+def linear(n: Node, var: str):
+    """(c, rest) with n == c * var + rest (rest free of var; None for 0), or None."""
+    if isinstance(n, Var) and n.name == var:
+        return 1, None
+    if not uses(n, var):
+        return 0, n
+    if isinstance(n, Neg):
+        r = linear(n.a, var)
+        return None if r is None else (-r[0], None if r[1] is None else neg(r[1]))
+    if isinstance(n, Bin) and n.op in ("+", "-"):
+        a, b = linear(n.a, var), linear(n.b, var)
+        if a is None or b is None:
+            return None
+        s = 1 if n.op == "+" else -1
+        rest = a[1] if b[1] is None else (b[1] if n.op == "+" else neg(b[1])) if a[1] is None else (
+            add(a[1], b[1]) if n.op == "+" else sub(a[1], b[1]))
+        return a[0] + s * b[0], rest
+    if isinstance(n, Bin) and n.op == "*" and isinstance(n.b, Const) and isinstance(n.b.value, int):
+        a = linear(n.a, var)
+        return None if a is None else (a[0] * n.b.value, None if a[1] is None else mul(a[1], n.b))
+    return None
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "==": "==", "!=": "!="}
+
+
+class Ranges:
+    """Half-open ranges [lo, hi) of one index (`var`, extent code `extent`) as scalar code: `may`
+    (outside it the mask is false everywhere on the box) and `must` (inside it true everywhere).
+    A range is a (lo, hi) pair of codes, "U" standing for an unbounded side; lo >= hi is empty."""
+
+    def __init__(self, bounds: Bounds, var: str, extent: str, start: str = "0"):
+        self.b, self.var, self.extent, self.start = bounds, var, extent, start
+
+    def tmp(self, code):
+        return self.b.tmp(code)
+
+    def _mm(self, f, x, y, unbounded_wins):
+        if x == "U" or y == "U":
+            return "U" if unbounded_wins else (y if x == "U" else x)
+        return self.b._mm(f, x, y)
+
+    def inter(self, r, s):
+        return self._mm("maximum", r[0], s[0], False), self._mm("minimum", r[1], s[1], False)
+
+    def hull(self, r, s):
+        return self._mm("minimum", r[0], s[0], True), self._mm("maximum", r[1], s[1], True)
+
+    def cond(self, c):
+        """The whole axis where the box-wide condition c holds, else empty."""
+        if c is None or c == "True":
+            return FULL
+        if c == "False":
+            return EMPTY
+        return self.start, self.tmp(f"tl.where({c}, {self.extent}, {self.start})")
+
+    def longer(self, r, s):
+        r, s = self.concrete(r), self.concrete(s)
+        take = self.tmp(f"({r[1]} - {r[0]}) >= ({s[1]} - {s[0]})")
+        return self.tmp(f"tl.where({take}, {r[0]}, {s[0]})"), self.tmp(f"tl.where({take}, {r[1]}, {s[1]})")
+
+    def concrete(self, r):
+        return (self.start if r[0] == "U" else r[0]), (self.extent if r[1] == "U" else r[1])
+
+    def both(self, n: Node):
+        """(may, must) ranges of mask n."""
+        if isinstance(n, Const):
+            return (FULL, FULL) if n.value else (EMPTY, EMPTY)
+        if not uses(n, self.var):
+            may, must = self.b.boolean(n)
+            return self.cond(may), (EMPTY if must is None else self.cond(must))
+        if isinstance(n, BoolOp):
+            (am, aM), (bm, bM) = self.both(n.a), self.both(n.b)
+            if n.op == "and":
+                return self.inter(am, bm), self.inter(aM, bM)
+            return self.hull(am, bm), self.longer(aM, bM)
+        if isinstance(n, Cmp):
+            return self.cmp(n)
+        return FULL, EMPTY
+
+    def cmp(self, n: Cmp):
+        # a // c == var // c (chunks)
+        if n.op == "==" and isinstance(n.a, Bin) and isinstance(n.b, Bin) and n.a.op == n.b.op == "//":
+            for x, y in ((n.a, n.b), (n.b, n.a)):
+                if (isinstance(y.a, Var) and y.a.name == self.var and isinstance(y.b, Const)
+                        and isinstance(x.b, Const) and x.b.value == y.b.value and isinstance(y.b.value, int)
+                        and y.b.value > 0 and not uses(x.a, self.var)):
+                    c = y.b.value
+                    lo, hi = self.b.num(Bin(INT, "//", x.a, y.b))
+                    if lo is None or hi is None:
+                        return FULL, EMPTY
+                    return ((self.tmp(f"{lo} * {c}"), self.tmp(f"({hi} + 1) * {c}")),
+                            (self.tmp(f"{hi} * {c}"), self.tmp(f"({lo} + 1) * {c}")))
+        la, lb = linear(n.a, self.var), linear(n.b, self.var)
+        if la is None or lb is None or n.a.ty != INT or n.b.ty != INT or la[0] - lb[0] not in (1, -1):
+            return FULL, EMPTY
+        c = la[0] - lb[0]
+        # c * var + (ra - rb) op 0  ->  var op' e
+        ra, rb = la[1] or const(0), lb[1] or const(0)
+        e = sub(rb, ra) if c == 1 else sub(ra, rb)
+        op = n.op if c == 1 else _FLIP[n.op]
+        lo, hi = self.b.num(e)
+        one = lambda x: self.tmp(f"{x} + 1")
+        if op in ("<", "<="):
+            up = (lambda x: x) if op == "<" else one
+            return ("U", "U" if hi is None else up(hi)), (EMPTY if lo is None else ("U", up(lo)))
+        if op in (">", ">="):
+            dn = (lambda x: x) if op == ">=" else one
+            return ("U" if lo is None else dn(lo), "U"), (EMPTY if hi is None else (dn(hi), "U"))
+        if op == "==" and lo is not None and hi is not None:
+            return (lo, one(hi)), EMPTY
+        return FULL, EMPTY
+
+    def resolve(self, r):
+        """(lo, hi) code of a range clipped to [start, extent]."""
+        if r == EMPTY:
+            return self.start, self.start
+        lo = self.start if r[0] == "U" else self.tmp(f"tl.maximum({r[0]}, {self.start})")
+        hi = self.extent if r[1] == "U" else self.tmp(f"tl.minimum({r[1]}, {self.extent})")
+        return lo, hi
+
+
+EMPTY = ("0", "0")
+FULL = ("U", "U")
+
+
+def needs_tile_skip(n: Node, var: str) -> bool:
+    """Whether the range hull of `var` can hold tiles where the mask is false everywhere (an `or`
+    or a condition over var): the masked stages then test each tile before loading it."""
+    for m in walk(n):
+        if isinstance(m, (BoolOp,)) and m.op == "or" and uses(m, var):
+            return True
+        if isinstance(m, (IfExp, Not)) and uses(m, var):
+            return True
+    return False
