@@ -28,7 +28,7 @@ def main() -> int:
     a = ap.parse_args()
     rows = []
     for c in CASES:
-        if c.docs or c.window:
+        if c.docs or c.window > 0:
             continue
         B, Hq, Hkv, S, D = c.batch, c.heads_q, c.heads_kv, c.seqlen, c.head_dim
         torch.manual_seed(0)
