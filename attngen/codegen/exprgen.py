@@ -53,7 +53,7 @@ class Fragments:
     sizes: str = ""  # "xp_a_s0, xp_a_n0, ..." (an entry line of lengths)
     args: str = ""  # ", x_b, x_h, XP_a, xp_a_s0, ..." for inner functions' signatures and calls
     skip_kv: bool = False  # the key loop's masked stages test each tile
-    grads: str = ""  # ", XG0, XG1": the learnable parameters' partial-sum buffers (dQ pass)
+    grads: str = ""  # ", XG0, XG1[, XD]": learnable parameters' partial sums, sinks' exact D (dQ pass)
 
 
 def fragments(spec: KernelSpec) -> Fragments:
@@ -66,7 +66,7 @@ def fragments(spec: KernelSpec) -> Fragments:
     if sizes:
         args += ", " + sizes
     mask = mask_node(spec)
-    grads = "".join(f", XG{t.index}" for t in grad_terms(spec))
+    grads = "".join(f", XG{t.index}" for t in grad_terms(spec)) + (", XD" if spec.sinks else "")
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
                      mask is not None and XC.needs_tile_skip(mask, "kv_idx"), grads)
 
@@ -220,33 +220,50 @@ def grad_terms(spec: KernelSpec) -> list[GradTerm]:
     return out
 
 
+def exact_d(spec) -> bool:
+    """Whether the dQ pass sums each row's exact D = sum_j P dP (x_da): for sinks (their gradient,
+    written to XD) and for learnable occurrences without a general index (their gradient as
+    sum P dP w - sum_i D_i sum_j P w, not through the D of the rounded output)."""
+    return bool(getattr(spec, "sinks", False)) or any("g" not in t.kinds for t in grad_terms(spec))
+
+
 def grad_accs(spec: KernelSpec) -> str:
-    """", xg0, xg1": the dQ pass's accumulators (carried through its inner loop)."""
-    return "".join(f", xg{t.index}" for t in grad_terms(spec))
+    """", x_da, xg0, xgb0, ...": the dQ pass's accumulators (carried through its inner loop)."""
+    out = ", x_da" if exact_d(spec) else ""
+    for t in grad_terms(spec):
+        out += f", xg{t.index}" + ("" if "g" in t.kinds else f", xgb{t.index}")
+    return out
 
 
 def grad_init(spec: KernelSpec) -> str:
-    return "\n".join(f"xg{t.index} = tl.zeros([{t.width}], dtype=tl.float32)" for t in grad_terms(spec))
+    lines = ["x_da = tl.zeros([BLOCK_M], dtype=tl.float32)"] if exact_d(spec) else []
+    for t in grad_terms(spec):
+        lines.append(f"xg{t.index} = tl.zeros([{t.width}], dtype=tl.float32)")
+        if "g" not in t.kinds:
+            lines.append(f"xgb{t.index} = tl.zeros([BLOCK_M], dtype=tl.float32)")
+    return "\n".join(lines)
 
 
-def grad_update(spec: KernelSpec, ds: str) -> str:
-    """Statements adding the tile's contribution (ds: dL / d score_mod, unscaled) to each
-    accumulator."""
+def grad_update(spec: KernelSpec, ds: str, p: str = "p", dp: str = "dp") -> str:
+    """Statements adding the tile's contribution to each accumulator (ds: dL / d score_mod,
+    unscaled; p, dp: the tile's probabilities, masked, and dO.V^T)."""
     terms = grad_terms(spec)
+    lines = [f"x_da += tl.sum({p} * {dp}, 1)"] if exact_d(spec) else []
     if not terms:
-        return ""
+        return "\n".join(lines)
     node = score_node(spec)
     em = XC.Emitter(_tile_names("rows", "cols", False, False), _load(spec), "xq_")
-    lines = []
     for t in terms:
         d = em.emit(X.diff(node, lambda m, o=t.node: m == o))
         lines += em.lines
         em.lines = []
         g = f"xgt{t.index}"
-        lines.append(f"{g} = {ds} * {d}")
         if "g" not in t.kinds:
-            lines.append(f"xg{t.index} += tl.sum(tl.sum({g}, 1), 0)")
+            lines.append(f"{g} = {p} * {d}")
+            lines.append(f"xg{t.index} += tl.sum(tl.sum({g} * {dp}, 1), 0)")
+            lines.append(f"xgb{t.index} += tl.sum({g}, 1)")
             continue
+        lines.append(f"{g} = {ds} * {d}")
         pos = t.kinds.index("g")
         idx = em.emit(t.node.idx[pos])
         lines += em.lines
@@ -260,5 +277,10 @@ def grad_update(spec: KernelSpec, ds: str) -> str:
 
 
 def grad_store(spec: KernelSpec) -> str:
-    return "\n".join(f"tl.store(XG{t.index} + (off_zh * num_m_blocks + start_m) * {t.width} + tl.arange(0, {t.width}), "
-                     f"xg{t.index})" for t in grad_terms(spec))
+    lines = []
+    for t in grad_terms(spec):
+        if "g" not in t.kinds:  # sum P dP w - sum_i D_i sum_j P w, D exact
+            lines.append(f"xg{t.index} = xg{t.index} - tl.sum(x_da * xgb{t.index}, 0)")
+        lines.append(f"tl.store(XG{t.index} + (off_zh * num_m_blocks + start_m) * {t.width} + tl.arange(0, {t.width}), "
+                     f"xg{t.index})")
+    return "\n".join(lines)

@@ -154,12 +154,14 @@ class ExprAttention(torch.autograd.Function):
         q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
         x, layout = ctx.opts.expr, ctx.opts.layout
         bufs = grad_buffers(x, q, layout, cu_q, ctx.max_qk[0]) if ctx.learn else {}
+        if x.sinks:  # the dQ pass writes each row's exact D there (the sinks' gradient)
+            bufs["XD"] = torch.empty_like(lse)
         dq, dk, dv, block_m = api.backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.det, cu_q, cu_k, *ctx.max_qk,
                                                 extra={**ctx.extra, **bufs}, want_params=True)
         dparams = param_grads(x, bufs, ctx.learn_tensors, q, layout, cu_q, ctx.max_qk[0], block_m) if ctx.learn else {}
         dsinks = None
         if sinks is not None and ctx.needs_input_grad[3]:
-            dsinks = sink_grad(dout, out, lse, sinks, ctx.opts.layout)
+            dsinks = sink_grad(bufs["XD"], lse, sinks, ctx.opts.layout)
         return (dq, dk, dv, dsinks) + (None,) * 8 + tuple(dparams.get(n) for n in ctx.learn)
 
 
@@ -230,19 +232,14 @@ def param_grads(x: ExprSpec, bufs: dict, tensors: dict, q, layout: str, cu_q=Non
     return {n: v.to(tensors[n].dtype) for n, v in out.items()}
 
 
-def sink_grad(dout, out, lse, sinks, layout: str):
-    """d loss / d sink_h = -sum over the head's rows of exp(sink_h - lse) * rowsum(dO * O)."""
-    delta = (dout.float() * out.float()).sum(-1)  # bhsd: (B, H, S); bshd: (B, S, H); packed (T, H)
-    if layout == "bshd":
-        delta = delta.transpose(1, 2)
-    elif layout == "packed":
-        delta = delta.transpose(0, 1)  # (H, T), as lse
+def sink_grad(delta, lse, sinks, layout: str):
+    """d loss / d sink_h = -sum over the head's rows of exp(sink_h - lse) * D, D = sum_j P dP per
+    row as the dQ pass summed it (exact: not rowsum(dO * O) of the rounded output); delta and lse
+    (B, Hq, Sq), or (Hq, T) for packed documents. A PyTorch reduction: deterministic."""
     s = sinks.float()
     if layout == "packed":
-        p = torch.exp(s[:, None] - lse)
-        return (-(p * delta).sum(1)).to(sinks.dtype)
-    p = torch.exp(s[None, :, None] - lse)
-    return (-(p * delta).sum((0, 2))).to(sinks.dtype)
+        return (-(torch.exp(s[:, None] - lse) * delta).sum(1)).to(sinks.dtype)
+    return (-(torch.exp(s[None, :, None] - lse) * delta).sum((0, 2))).to(sinks.dtype)
 
 
 def expr_attention(q, k, v, opts: validate.Options, extra: dict, learn: list, sinks, deterministic: bool,
