@@ -37,6 +37,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from attngen.codegen.render import render  # noqa: E402
+from attngen.spec.expr import ParamDecl  # noqa: E402
 from attngen.families.bwd import bwd_launches  # noqa: E402
 from attngen.kernels.common import MaskArgs, mask_kind  # noqa: E402
 from attngen.families.fwd import fwd_launches  # noqa: E402
@@ -361,6 +362,11 @@ def main(argv=None) -> int:
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
     ap.add_argument("--prologue-warps", type=int, default=0,
                     help="fwd_fp8: the one-launch prologue's warps (default: fwd_fp8.quant_warps, as the runtime)")
+    ap.add_argument("--mask-expr", default="", help="a mask expression (the spec's mask becomes none)")
+    ap.add_argument("--score-expr", default="", help="a score modification")
+    ap.add_argument("--param", action="append", default=[],
+                    help="NAME:SHAPE:DTYPE[:learnable], SHAPE b / h / ints joined by x (e.g. bias:hx32:fp32:learnable)")
+    ap.add_argument("--sinks", action="store_true", help="learned sinks")
     ap.add_argument("--dump", default=None)
     ap.add_argument("--json", action="store_true", help="one JSON list of the reports on stdout instead of text")
     args = ap.parse_args(argv)
@@ -369,7 +375,14 @@ def main(argv=None) -> int:
     cfg = parse_config(",".join([args.config, *args.also]), cls)
     switch = dict(s.split("=", 1) for s in args.switch)
     kdtype = "fp8_e4m3" if args.family == "fwd_fp8" else args.dtype
-    spec = KernelSpec(args.family, kdtype, "sm90", args.hd, args.hd, args.gqa, args.mask, varlen=args.varlen)
+    decls = []
+    for p in args.param:
+        name, shape, pdt, *learn = p.split(":")
+        dims = tuple(d if d in ("b", "h") else int(d) for d in shape.split("x")) if shape else ()
+        decls.append(ParamDecl(name, dims, pdt, bool(learn)))
+    spec = KernelSpec(args.family, kdtype, "sm90", args.hd, args.hd, args.gqa,
+                      "none" if args.mask_expr else args.mask, varlen=args.varlen, mask_expr=args.mask_expr,
+                      score_expr=args.score_expr, params=tuple(decls), sinks=args.sinks)
     tmp = Path(tempfile.mkdtemp(prefix="attngen_probe_"))
     mod = module_for(spec, switch, tmp)
 
@@ -379,8 +392,19 @@ def main(argv=None) -> int:
     q = torch.empty(B, Hq, S, D, dtype=dt)
     k, v = torch.empty(B, Hkv, S, D, dtype=dt), torch.empty(B, Hkv, S, D, dtype=dt)
     out, lse = torch.empty_like(q), torch.empty(B, Hq, S)
-    causal = args.mask != "none"
-    wsz = (255, 0) if args.mask == "sliding_window" else (-1, -1)
+    extra = {f"XP_{d.name}": torch.zeros(*(B if s == "b" else Hq if s == "h" else s for s in d.shape),
+                                         dtype=torch.int32 if d.dtype == "int32" else torch.float32) for d in decls}
+    if args.sinks:
+        extra["Sinks"] = torch.zeros(Hq)
+    if args.family == "bwd":  # the dQ pass's partial sums of learnable parameters, sinks' exact D
+        from attngen.codegen.exprgen import grad_terms
+
+        extra.update({f"XG{t.index}": torch.zeros(B * Hq * S * t.width) for t in grad_terms(spec)})
+        if args.sinks:
+            extra["XD"] = torch.empty(B, Hq, S)
+    extra = extra or None
+    causal = args.mask != "none" and not args.mask_expr
+    wsz = (255, 0) if args.mask == "sliding_window" and not args.mask_expr else (-1, -1)
     _, wl, wr = mask_kind(causal, wsz)
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
@@ -405,11 +429,11 @@ def main(argv=None) -> int:
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
         launches = fwd_launches(mod, spec, *packed, torch.empty(Hq, S), margs, cfg, cu, cu, S // 2, gluon=True)
     elif args.family == "fwd":
-        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True)
+        launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True, extra=extra)
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
                                 torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
-                                bool(cfg.atomic_dq), gluon=True)[1:]
+                                bool(cfg.atomic_dq), gluon=True, extra=extra)[1:]
     if not args.json:
         print(f"{spec.uri}  {cfg}  {switch or ''}")
     reports = []

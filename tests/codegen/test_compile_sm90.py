@@ -158,3 +158,17 @@ def test_backward_with_split_roles_compiles_without_spilling_at_hd256(mask, gqa)
     assert dkdv["registers"] <= WS_MAXNREG and dkdv["spill_stores"] == 0, dkdv
     want = bwd_smem_bytes(KernelSpec("bwd", "bf16", "sm90", 256, 256, gqa, mask), c)[0]
     assert want <= dkdv["shared_bytes"] <= want + 1024, (want, dkdv)
+
+
+def test_expression_kernels_compile_for_sm90():
+    """An expression kernel's sm90 TMA forward and backward (a mask with gaps, so the forward's
+    tile skip; a score modification with a learned bias table and learned per-head slopes; learned
+    sinks: the dQ pass's partial sums and exact D) compile with Triton's ptxas, and every launch's
+    uniform registers are written before they are read."""
+    expr = ["--mask-expr", "((kv_idx <= q_idx) and (((q_idx - kv_idx) < 96) or (kv_idx < 4)))",
+            "--score-expr", "((score + bias[h, min(abs((kv_idx - q_idx)), 31)]) - (slope[h] * abs((q_idx - kv_idx))))",
+            "--param", "bias:hx32:fp32:learnable", "--param", "slope:h:fp32:learnable", "--sinks"]
+    fwd = probe("fwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2", "--also", "tma=True", *expr)
+    bwd = probe("bwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2,64,64,4,2", "--also", "tma=True", *expr)
+    assert [r["kernel"] for r in fwd] == ["_attn_fwd_tma"], fwd
+    assert [r["kernel"] for r in bwd] == ["_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"], bwd
