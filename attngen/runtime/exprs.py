@@ -49,8 +49,9 @@ def _text(what, kind: str, params: dict) -> str:
         raise ValueError(f"{'mask_mod' if kind == 'mask' else 'score_mod'}: " + "; ".join(e.problems)) from None
 
 
-def resolve(q, mask_mod, score_mod, sinks, params) -> tuple[ExprSpec, dict, list]:
-    """(ExprSpec, kernel tensors by name, [(name, tensor) of parameters that want a gradient])."""
+def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[ExprSpec, dict, list]:
+    """(ExprSpec, kernel tensors by name, [(name, tensor) of parameters that want a gradient]).
+    learnable: the names of the parameters that want one (None: those that require grad)."""
     tensors = dict(params or {})
     texts = {}
     for kind, fn in (("mask", mask_mod), ("score", score_mod)):
@@ -78,7 +79,8 @@ def resolve(q, mask_mod, score_mod, sinks, params) -> tuple[ExprSpec, dict, list
             raise ValueError(f"params: '{name}' is not used by the expressions")
         if t.device != q.device:
             raise ValueError(f"params: '{name}' is on {t.device}, but q is on {q.device}")
-    learn = [(n, t) for n, t in tensors.items() if t.requires_grad]
+    wants = (lambda n: tensors[n].requires_grad) if learnable is None else (lambda n: n in learnable)
+    learn = [(n, t) for n, t in tensors.items() if wants(n)]
     mask_params = set(X.params_used(X.parse(texts["mask"], "mask", {n: _decl(n, t, False) for n, t in
                                                                       tensors.items()}))) if texts["mask"] else set()
     for n, _ in learn:
@@ -87,7 +89,7 @@ def resolve(q, mask_mod, score_mod, sinks, params) -> tuple[ExprSpec, dict, list
     nodes = [X.parse(texts[kind], kind, {n: _decl(n, t, False) for n, t in tensors.items()})
              for kind in ("mask", "score") if texts[kind]]
     decls = tuple(X.ParamDecl(n, X.axis_shape(nodes, n, tuple(tensors[n].shape)), _DTYPES[tensors[n].dtype],
-                              tensors[n].requires_grad) for n in sorted(used))
+                              wants(n)) for n in sorted(used))
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
             raise ValueError("sinks: expected a float torch.Tensor (num_q_heads,)")
@@ -112,12 +114,12 @@ def _rename(text: str, old: str, new: str) -> str:
     return ast.unparse(tree)
 
 
-def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks, params):
+def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks, params, learnable=None):
     """(opts carrying the call's ExprSpec, kernel tensors, learnable parameters). A built-in mask
     given with a mask expression joins it (both must keep a pair: one expression)."""
     import dataclasses
 
-    x, extra, learn = resolve(q, mask_mod, score_mod, sinks, params)
+    x, extra, learn = resolve(q, mask_mod, score_mod, sinks, params, learnable)
     check_sinks(sinks, hq)
     if x.mask_expr and opts.mask != "none":
         builtin = {"causal": "(kv_idx <= q_idx)",
@@ -152,17 +154,25 @@ class ExprAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, cu_q, cu_k, sinks = ctx.saved_tensors
-        x, layout = ctx.opts.expr, ctx.opts.layout
-        bufs = grad_buffers(x, q, layout, cu_q, ctx.max_qk[0]) if ctx.learn else {}
-        if x.sinks:  # the dQ pass writes each row's exact D there (the sinks' gradient)
-            bufs["XD"] = torch.empty_like(lse)
-        dq, dk, dv, block_m = api.backward_impl(dout, q, k, v, out, lse, ctx.opts, ctx.det, cu_q, cu_k, *ctx.max_qk,
-                                                extra={**ctx.extra, **bufs}, want_params=True)
-        dparams = param_grads(x, bufs, ctx.learn_tensors, q, layout, cu_q, ctx.max_qk[0], block_m) if ctx.learn else {}
-        dsinks = None
-        if sinks is not None and ctx.needs_input_grad[3]:
-            dsinks = sink_grad(bufs["XD"], lse, sinks, ctx.opts.layout)
+        dq, dk, dv, dsinks, dparams = expr_backward(dout, q, k, v, out, lse, cu_q, cu_k, ctx.max_qk, ctx.opts,
+                                                    ctx.det, ctx.extra, ctx.learn_tensors, sinks,
+                                                    sinks is not None and ctx.needs_input_grad[3])
         return (dq, dk, dv, dsinks) + (None,) * 8 + tuple(dparams.get(n) for n in ctx.learn)
+
+
+def expr_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_qk, opts, deterministic, extra, learn_tensors: dict,
+                  sinks, want_dsinks: bool):
+    """(dq, dk, dv, dsinks or None, {name: gradient}) of an expression call (the autograd Function's
+    and the custom op's backward)."""
+    x, layout = opts.expr, opts.layout
+    bufs = grad_buffers(x, q, layout, cu_q, max_qk[0]) if learn_tensors else {}
+    if x.sinks:  # the dQ pass writes each row's exact D there (the sinks' gradient)
+        bufs["XD"] = torch.empty_like(lse)
+    dq, dk, dv, block_m = api.backward_impl(dout, q, k, v, out, lse, opts, deterministic, cu_q, cu_k, *max_qk,
+                                            extra={**extra, **bufs}, want_params=True)
+    dparams = param_grads(x, bufs, learn_tensors, q, layout, cu_q, max_qk[0], block_m) if learn_tensors else {}
+    dsinks = sink_grad(bufs["XD"], lse, sinks, layout) if want_dsinks else None
+    return dq, dk, dv, dsinks, dparams
 
 
 def _extent(q, layout: str, cu_q, max_q: int) -> tuple[int, int, int]:

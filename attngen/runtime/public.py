@@ -16,7 +16,7 @@ import torch
 
 from attngen import env
 from attngen.families.decode import MAX_SPLITS
-from attngen.runtime import api, dispatch, exprs, fp8, kvcache, ops, validate
+from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, validate
 from attngen.runtime.validate import make_options
 
 
@@ -91,11 +91,11 @@ def _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return
     """attention() with expressions or sinks (eager; attngen.runtime.exprs)."""
     if precision is not None:
         raise ValueError("precision: the fp8 kernels take no expressions or sinks")
-    if torch.compiler.is_compiling():
-        raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile; call attention() "
-                         "with expressions outside the compiled region")
     validate.check_dense(q, k, v, layout)
     opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, layout)
+    if torch.compiler.is_compiling():  # one custom op, expressions as text
+        out, lse = expr_ops.attention_expr(q, k, v, opts, sinks, params or {}, mask_mod, score_mod)
+        return (out, lse) if return_lse else out
     hq = q.shape[1] if layout == "bhsd" else q.shape[2]
     opts, extra, learn = exprs.expr_options(q, hq, opts, mask_mod, score_mod, sinks, params)
     out, lse = exprs.expr_attention(q, k, v, opts, extra, learn, sinks, bool(deterministic))
@@ -144,9 +144,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if mask_mod is not None or score_mod is not None or sinks is not None or params:
         if precision is not None:
             raise ValueError("precision: the fp8 kernels take no expressions or sinks")
-        if torch.compiler.is_compiling():
-            raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile")
         opts = validate.make_options(q.shape[-1], causal, window_size, softcap, scale, causal_alignment, "packed")
+        if torch.compiler.is_compiling():  # one custom op, expressions as text
+            out, lse = expr_ops.attention_expr(q, k, v, opts, sinks, params or {}, mask_mod, score_mod, cu_seqlens_q,
+                                               cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+            return (out, lse) if return_lse else out
         opts, extra, learn = exprs.expr_options(q, q.shape[1], opts, mask_mod, score_mod, sinks, params)
         out, lse = exprs.expr_attention(q, k, v, opts, extra, learn, sinks, bool(deterministic), cu_seqlens_q,
                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k)
