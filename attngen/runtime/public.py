@@ -16,7 +16,7 @@ import torch
 
 from attngen import env
 from attngen.families.decode import MAX_SPLITS
-from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, validate
+from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, validate, variants
 from attngen.runtime.validate import make_options
 
 
@@ -26,7 +26,7 @@ def _wants_grad(q, k, v) -> bool:
 
 def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
               layout="bhsd", return_lse=False, deterministic=False, causal_alignment="bottom_right",
-              precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None):
+              precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None, variant=None):
     """Scaled dot-product attention through attngen's generated Triton kernels; differentiable.
 
     q (B, Hq, Sq, D), k/v (B, Hkv, Sk, D) with layout="bhsd" (as SDPA); (B, S, H, D) with
@@ -48,8 +48,14 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     causal / window_size (the built-in mask and the expression must both keep a pair). q_idx is
     the query's position on the key axis (row + Sk - Sq under the default bottom-right alignment).
     sinks (Hq,): a learned logit per query head that joins every row's softmax denominator
-    (gpt-oss); differentiable.
+    (gpt-oss); differentiable. variant="<name>": a `kernels:` entry of the shipped spec files (or of
+    files given to attngen.load_variants) sets the mask, window, softcap, scale and expressions; the
+    call brings `params` and `sinks` as the entry declares them.
     """
+    if variant is not None:
+        hq, batch = (q.shape[1], q.shape[0]) if layout == "bhsd" else (q.shape[2], q.shape[0])
+        causal, window_size, softcap, scale, mask_mod, score_mod = _variant(
+            variant, causal, window_size, softcap, scale, mask_mod, score_mod, params, sinks, hq, batch)
     if mask_mod is not None or score_mod is not None or sinks is not None or params:
         return _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return_lse, deterministic,
                                causal_alignment, precision, mask_mod, score_mod, sinks, params)
@@ -84,6 +90,15 @@ def attention(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale
     else:
         out, lse = plan.run(q, k, v, want_lse=bool(return_lse))
     return (out, lse) if return_lse else out
+
+
+def _variant(name, causal, window_size, softcap, scale, mask_mod, score_mod, params, sinks, hq: int, batch: int):
+    """(causal, window_size, softcap, scale, mask_mod, score_mod) of a call of variant `name`."""
+    kw = variants.call_options(name, {"causal": causal, "window_size": window_size, "softcap": softcap,
+                                      "mask_mod": mask_mod, "score_mod": score_mod, "scale": scale},
+                               params, sinks, hq, batch)
+    return (kw["causal"], kw["window_size"], kw["softcap"], kw.get("scale", scale), kw["mask_mod"],
+            kw["score_mod"])
 
 
 def _expr_attention(q, k, v, causal, window_size, softcap, scale, layout, return_lse, deterministic,
@@ -133,14 +148,19 @@ class _EagerAttention(torch.autograd.Function):
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
                      return_lse=False, deterministic=False, causal_alignment="bottom_right",
-                     precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None):
+                     precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None,
+                     variant=None):
     """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
     fp32 logsumexp (Hq, total_q). Differentiable (precision="fp8": inference only, as attention()).
     mask_mod / score_mod / sinks / params as attention()'s, inside each document (b is the
-    document, q_idx / kv_idx its own positions)."""
+    document, q_idx / kv_idx its own positions); variant as attention()'s."""
     validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if variant is not None:
+        causal, window_size, softcap, scale, mask_mod, score_mod = _variant(
+            variant, causal, window_size, softcap, scale, mask_mod, score_mod, params, sinks, q.shape[1],
+            cu_seqlens_q.numel() - 1)
     if mask_mod is not None or score_mod is not None or sinks is not None or params:
         if precision is not None:
             raise ValueError("precision: the fp8 kernels take no expressions or sinks")
@@ -173,7 +193,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
                            causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
                            num_splits=0, k_descale=None, v_descale=None, validate=None, mask_mod=None,
-                           score_mod=None, sinks=None, params=None):
+                           score_mod=None, sinks=None, params=None, variant=None):
     """Attention of a short query on a KV cache (decoding), split over the key axis.
 
     mask_mod / score_mod / params / sinks: expressions and learned sinks as attention() takes them
@@ -208,6 +228,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     one device-to-host copy (None: only if ATTNGEN_CHECK_KVCACHE=1; skipped while a CUDA graph is
     captured). See docs/decode.md, "Metadata out of range".
     """
+    if variant is not None:  # as attention()'s (causal's default here is True: the variant decides)
+        causal, window_size, softcap, scale, mask_mod, score_mod = _variant(
+            variant, False if causal is True else causal, window_size, softcap, scale, mask_mod, score_mod, params,
+            sinks, q.shape[2], q.shape[0])
     new_len = kvcache.check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")

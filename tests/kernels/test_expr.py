@@ -320,3 +320,27 @@ def test_expressions_under_torch_compile():
     with pytest.raises(Exception, match="as text"):
         torch.compile(lambda q, k, v: attngen.attention(q, k, v, mask_mod=lambda b, h, i, j: j <= i),
                       fullgraph=True, backend="aot_eager")(q, k, v)
+
+
+def test_variant_by_name():
+    # a shipped spec entry by name: its mask, window, scale and expressions, the call's tensors;
+    # the same as spelling them out, and the entry's generated kernel runs
+    from attngen.runtime import loader
+
+    q, k, v, _ = _inputs(2, 8, 1, 40, 40, 64, torch.float16, 17)
+    sinks = torch.randn(8)
+    api.clear_plans()
+    out = attngen.attention(q, k, v, variant="gpt_oss_20b_sliding", sinks=sinks)
+    assert loader.built_module_path(list(api._FWD.values())[0].spec) is not None
+    ref = attngen.attention(q, k, v, causal=True, window_size=(127, 0), sinks=sinks)
+    assert torch.equal(out, ref)
+    slope = torch.rand(1)
+    out = attngen.attention(q[:, :1], k, v, variant="bloom_560m", params={"slope": slope})
+    ref = attngen.attention(q[:, :1], k, v, causal=True, score_mod="score - slope[h] * abs(q_idx - kv_idx)",
+                            params={"slope": slope})
+    assert torch.equal(out, ref)
+    for kw, match in [({"variant": "nope"}, "unknown name"), ({"variant": "gpt_oss_20b_sliding"}, "sinks"),
+                      ({"variant": "gpt_oss_20b_sliding", "sinks": sinks, "causal": True}, "causal: variant"),
+                      ({"variant": "bloom_560m"}, "needs 'slope'")]:
+        with pytest.raises(ValueError, match=match):
+            attngen.attention(q, k, v, **kw)
