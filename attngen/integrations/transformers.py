@@ -5,8 +5,10 @@
     model = AutoModelForCausalLM.from_config(config, attn_implementation="attngen")
 
 Covers Llama-style decoder attention: causal (or not, per the module), GQA, sliding windows
-(`sliding_window` of W keys = flash-attn window (W - 1, 0)), tanh softcapping and gpt-oss's
-learned sinks (`s_aux`) where the model's attention passes them. Padding masks: transformers hands over the 2-D (batch, keys) padding mask
+(`sliding_window` of W keys = flash-attn window (W - 1, 0)), tanh softcapping, gpt-oss's
+learned sinks (`s_aux`) where the model's attention passes them, and Llama 4's chunked layers
+(config.attention_chunk_size on the layers config.layer_types calls "chunked_attention", as a
+mask expression joining the causal mask). Padding masks: transformers hands over the 2-D (batch, keys) padding mask
 (flash-attn's mask convention), and the call is routed to attngen.attention_varlen over the real
 tokens; padded query rows come back as zeros. Dropout, and arbitrary 4-D masks, are a clear error.
 """
@@ -33,6 +35,9 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
     kw = dict(causal=bool(causal), window_size=window, softcap=float(softcap or 0.0), scale=scaling)
     if kwargs.get("s_aux") is not None:  # gpt-oss: its learned sinks, one logit per query head
         kw["sinks"] = kwargs["s_aux"]
+    chunk = _chunk(module)
+    if chunk:  # Llama 4's chunked layers: each query sees the keys of its own chunk
+        kw["mask_mod"] = f"kv_idx // {chunk} == q_idx // {chunk}"
     if attention_mask is None:
         out = attngen.attention(query, key, value, **kw)
         return out.transpose(1, 2), None
@@ -41,6 +46,18 @@ def attention_forward(module, query, key, value, attention_mask, dropout: float 
                          f"function hands over, got {attention_mask.dtype} of shape "
                          f"{tuple(attention_mask.shape)}")
     return _padded(query, key, value, attention_mask, kw), None
+
+
+def _chunk(module) -> int:
+    """Llama 4's attention chunk (config.attention_chunk_size) where the module's layer is a
+    "chunked_attention" one in config.layer_types; else 0."""
+    config = getattr(module, "config", None)
+    size = getattr(config, "attention_chunk_size", None)
+    types = getattr(config, "layer_types", None)
+    idx = getattr(module, "layer_idx", None)
+    if not size or types is None or idx is None or idx >= len(types):
+        return 0
+    return int(size) if types[idx] == "chunked_attention" else 0
 
 
 def _padded(query, key, value, mask, kw):
