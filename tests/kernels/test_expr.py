@@ -15,15 +15,15 @@ from attngen.runtime import api, dispatch
 from attngen.testing import assert_flash_rule, check_grads
 
 
-def reference(q, k, v, mask_mod=None, score_mod=None, sinks=None, causal=False, upcast=True):
+def reference(q, k, v, mask_mod=None, score_mod=None, sinks=None, causal=False, upcast=True, scale=None):
     """Attention with the same callables applied to broadcast index tensors; q_idx bottom-right.
     upcast: float64 (the reference); else the inputs' precision for the scores and P.V (the
-    yardstick of the flash-attn rule; softmax in fp32 as PyTorch's kernels)."""
+    yardstick of the flash-attn rule; softmax in fp32 as PyTorch's kernels). scale: 1/sqrt(D)."""
     dt = torch.float64 if upcast else q.dtype
     B, Hq, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
     q, k, v = q.to(dt), k.to(dt).repeat_interleave(Hq // Hkv, 1), v.to(dt).repeat_interleave(Hq // Hkv, 1)
-    s = (q @ k.transpose(-1, -2)).to(torch.float64 if upcast else torch.float32) / math.sqrt(D)
+    s = (q @ k.transpose(-1, -2)).to(torch.float64 if upcast else torch.float32) * (scale if scale is not None else 1.0 / math.sqrt(D))
     dev = q.device
     b = torch.arange(B, device=dev)[:, None, None, None]
     h = torch.arange(Hq, device=dev)[None, :, None, None]

@@ -19,6 +19,7 @@ from attngen.spec import expr as X
 from attngen.spec.expr_eval import eval_torch
 from attngen.spec.loading import load_spec
 from attngen.testing import assert_flash_rule, check_grads
+from tests.kernels.test_expr import reference
 
 ENTRIES = [(f, e) for f in ("gpt_oss_20b", "llama4_scout", "gemma3_prefix_lm", "t5_base", "bloom_alibi")
            for e in load_spec(f"specs/{f}.yaml").entries if e.mask_expr or e.score_expr or e.sinks]
@@ -36,31 +37,21 @@ def _params(e, B, Hq, g):
 
 
 def _reference(q, k, v, e, params, sinks, scale, upcast=True):
-    dt = torch.float64 if upcast else q.dtype
-    B, Hq, Sq, _ = q.shape
-    Hkv, Sk = k.shape[1], k.shape[2]
-    q, k, v = q.to(dt), k.to(dt).repeat_interleave(Hq // Hkv, 1), v.to(dt).repeat_interleave(Hq // Hkv, 1)
-    s = (q @ k.transpose(-1, -2)).to(torch.float64 if upcast else torch.float32) * scale
-    env = {"b": torch.arange(B)[:, None, None, None], "h": torch.arange(Hq)[None, :, None, None],
-           "q_idx": torch.arange(Sq)[None, None, :, None] + (Sk - Sq), "kv_idx": torch.arange(Sk)[None, None, None, :],
-           "seqlen_q": Sq, "seqlen_k": Sk, "score": s}
+    """test_expr.reference with the entry's expressions evaluated by expr_eval and its built-in mask."""
     decls = {d.name: d for d in e.params}
-    if e.score_expr:
-        s = eval_torch(X.parse(e.score_expr, "score", decls), env, params).to(s.dtype)
-    keep = torch.ones_like(s, dtype=torch.bool)
+    env = lambda b, h, qi, ki, **kw: {"b": b, "h": h, "q_idx": qi, "kv_idx": ki, "seqlen_q": q.shape[2],  # noqa: E731
+                                      "seqlen_k": k.shape[2], **kw}
+    mask = score = None
     if e.mask_expr:
-        keep = keep & eval_torch(X.parse(e.mask_expr, "mask", decls), env, params)
-    if e.mask in ("causal", "sliding_window"):
-        keep = keep & (env["kv_idx"] <= env["q_idx"])
+        node = X.parse(e.mask_expr, "mask", decls)
+        mask = lambda b, h, qi, ki: eval_torch(node, env(b, h, qi, ki), params)  # noqa: E731
     if e.mask == "sliding_window":
-        keep = keep & (env["kv_idx"] > env["q_idx"] - e.window)
-    s = s.masked_fill(~keep, float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(B, Hq, Sq, 1)], -1)
-    p = torch.nan_to_num(torch.softmax(s, -1))
-    if sinks is not None:
-        p = p[..., :-1]
-    return p.to(dt) @ v
+        inner = mask or (lambda b, h, qi, ki: True)
+        mask = lambda b, h, qi, ki: inner(b, h, qi, ki) & (ki > qi - e.window)  # noqa: E731
+    if e.score_expr:
+        node_s = X.parse(e.score_expr, "score", decls)
+        score = lambda s, b, h, qi, ki: eval_torch(node_s, env(b, h, qi, ki, score=s), params).to(s.dtype)  # noqa: E731
+    return reference(q, k, v, mask, score, sinks, e.mask in ("causal", "sliding_window"), upcast, scale)
 
 
 @pytest.mark.parametrize("f, e", ENTRIES, ids=[f"{f}-{e.name}" for f, e in ENTRIES])
