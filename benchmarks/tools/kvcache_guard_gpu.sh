@@ -65,13 +65,14 @@ if [[ " $PHASES " == *" bench "* ]]; then
     git archive "$base" | tar -x -C "$base_tree"
     echo "base tree: $base ($(git rev-parse "$base")) in $base_tree"
   fi
-  nodb="$(mktemp -d)/no_tuning_db.sqlite"  # missing: every lookup is None, the defaults serve
+  scratch="$(mktemp -d)"  # Triton / attngen caches of both trees, outside $OUT (its file count is limited)
+  nodb="$scratch/no_tuning_db.sqlite"  # missing: every lookup is None, the defaults serve
   providers="attngen,attngen-paged,attngen-fp8kv"
   for round in 1 2; do
     for which in base guard; do
       tree="$ROOT"
       [ "$which" = base ] && tree="$base_tree"
-      (cd "$tree" && PYTHONPATH="$tree" ATTNGEN_DB="$nodb" ATTNGEN_CACHE_DIR="$OUT/cache_$which" \
+      (cd "$tree" && PYTHONPATH="$tree" ATTNGEN_DB="$nodb" ATTNGEN_CACHE_DIR="$scratch/cache_$which" TRITON_CACHE_DIR="$scratch/triton_$which" \
         python3 -m attngen.cli bench --mode decode --providers "$providers" ${CASES:+--cases "$CASES"} \
         --out "$OUT/bench_decode_${which}_${round}.json") 2>&1 | tee "$OUT/bench_decode_${which}_${round}.log"
     done
@@ -81,7 +82,7 @@ if [[ " $PHASES " == *" bench "* ]]; then
     for which in base guard; do
       tree="$ROOT"
       [ "$which" = base ] && tree="$base_tree"
-      (cd "$tree" && PYTHONPATH="$tree" ATTNGEN_DB="$nodb" ATTNGEN_CACHE_DIR="$OUT/cache_$which" python3 - <<'EOF'
+      (cd "$tree" && PYTHONPATH="$tree" ATTNGEN_DB="$nodb" ATTNGEN_CACHE_DIR="$scratch/cache_$which" TRITON_CACHE_DIR="$scratch/triton_$which" python3 - <<'EOF'
 import json, torch, attngen
 from triton.testing import do_bench
 res = {}

@@ -227,12 +227,22 @@ def test_expression_tma_kernels(name, path):
     assert {"_attn_fwd_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"} <= launched, launched
 
 
+DECODE_CASES = ["gpt_oss_swa_sinks", "chunked", "alibi_causal", "t5_bias"]
+
+
 @pytest.mark.parametrize("paged", [False, True])
-@pytest.mark.parametrize("name", ["gpt_oss_swa_sinks", "chunked", "alibi_causal", "t5_bias"])
+@pytest.mark.parametrize("name", DECODE_CASES)
 def test_expression_decode(name, paged):
-    # attention_with_kvcache with expressions: rows of different lengths, 2 new tokens appended,
-    # GQA 3 (the tile packs a KV head's query heads: h varies by row), split over the key axis
+    decode_case(name, paged)
+
+
+def decode_case(name, paged, device="cpu"):
+    """attention_with_kvcache with expressions: rows of different lengths, 2 new tokens appended,
+    GQA 3 (the tile packs a KV head's query heads: h varies by row), split over the key axis; the
+    inputs made on the CPU, the call on `device`, the reference in float64 on the CPU."""
     mask_mod, score_mod, sinks, causal = cases()[name]
+    dev_mask = None if mask_mod is None or device == "cpu" else cases(device)[name][0]
+    dev_score = None if score_mod is None or device == "cpu" else cases(device)[name][1]
     g = torch.Generator().manual_seed(14)
     B, Hq, Hkv, D, Sq, page = 3, 6, 2, 64, 2, 16
     lens = [37, 100, 5]
@@ -252,8 +262,16 @@ def test_expression_decode(name, paged):
     else:
         caches, kw = (kc.clone(), vc.clone()), {}
     s = None if sinks is None else sinks[:Hq]
-    out = attngen.attention_with_kvcache(q, *caches, seqlens, k=kn, v=vn, causal=causal, mask_mod=mask_mod,
-                                         score_mod=score_mod, sinks=s, num_splits=3, **kw)
+    if device == "cpu":
+        out = attngen.attention_with_kvcache(q, *caches, seqlens, k=kn, v=vn, causal=causal, mask_mod=mask_mod,
+                                             score_mod=score_mod, sinks=s, num_splits=3, **kw)
+    else:
+        to = lambda t: None if t is None else t.to(device)  # noqa: E731
+        dev_kw = {key: to(t) for key, t in kw.items()}
+        out = attngen.attention_with_kvcache(to(q), *[to(c) for c in caches], to(seqlens), k=to(kn), v=to(vn),
+                                             causal=causal, mask_mod=dev_mask or mask_mod,
+                                             score_mod=dev_score or score_mod, sinks=to(s), num_splits=3,
+                                             **dev_kw).cpu()
     for b, n in enumerate(lens):
         keys = torch.cat([kc[b, :n], kn[b]]).transpose(0, 1)[None]
         vals = torch.cat([vc[b, :n], vn[b]]).transpose(0, 1)[None]
