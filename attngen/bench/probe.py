@@ -128,7 +128,8 @@ _SASS_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
 
 def main_loop(sass: str) -> dict | None:
     """The attention main loop of a kernel's SASS: the smallest loop (a backward branch's body)
-    that holds both wgmmas and exponentials. Its static instruction count (both sides of any
+    that holds both matrix instructions (wgmma, or mma.sync's HMMA in the decode kernels) and
+    exponentials. Its static instruction count (both sides of any
     branch inside it), the wgmma, ex2, bar.sync and local-memory instructions in it, and how many
     of its wgmma waits come before its first ex2 (a wait placed there holds the softmax until the
     matmuls it waits for are done). None when no loop holds both."""
@@ -140,12 +141,13 @@ def main_loop(sass: str) -> dict | None:
             continue
         lo = int(target.group(1), 16)
         ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for a, t in ins if lo <= a <= addr]
-        if any("GMMA" in o for o in ops) and "MUFU.EX2" in ops and (best is None or len(ops) < len(best)):
+        if any("GMMA" in o or o.startswith("HMMA") for o in ops) and "MUFU.EX2" in ops and (best is None or len(ops) < len(best)):
             best = ops
     if best is None:
         return None
     first_ex2 = best.index("MUFU.EX2")
     return {"instructions": len(best), "wgmma": sum("GMMA" in o for o in best),
+            "hmma": sum(o.startswith("HMMA") for o in best),
             "ex2": best.count("MUFU.EX2"), "bar_sync": sum(o.startswith("BAR.SYNC") for o in best),
             "local_memory": sum(o.split(".")[0] in ("LDL", "STL") for o in best),
             "waits": sum(o.startswith("WARPGROUP.DEPBAR") for o in best),

@@ -5,7 +5,7 @@ suite):
 * the public call with CPU metadata raises a ValueError naming `cache_seqlens` / `block_table` and
   the row, and writes nothing into the caches;
 * the kernels with no host check (as a GPU call runs): the row is clamped to its capacity, a bad
-  page's keys are masked out, a new token with no room is not written, and the device flag names
+  page is never read (page 0 in its place, that slice's result dropped), a new token with no room is not written, and the device flag names
   the row (attngen.runtime.kvguard);
 * a seeded fuzz over random tables (-1 padding past the used pages), lengths and appends, valid
   and invalid, through both paths: valid rows against a float64 reference, invalid calls a clear
