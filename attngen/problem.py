@@ -266,7 +266,7 @@ def grouped_reference(problem: Problem, gqa: int, t: dict, chunk, max_scores: in
     rows = max(16, max_scores // max(1, gqa * p.seqlen_k))
     kw = dict(softcap=p.softcap, scale=p.softmax_scale)
     ref: dict[str, list] = {}
-    for v in _unit_views(p, t):
+    for v in unit_views(p, t):
         parts: dict[str, list] = {}
         for g in range(p.heads_kv):
             for n, x in chunk(v, slice(g * gqa, (g + 1) * gqa), g, keep, rows, kw).items():
@@ -281,36 +281,45 @@ def grouped_reference(problem: Problem, gqa: int, t: dict, chunk, max_scores: in
     return out
 
 
-def _unit_views(p: Problem, t: dict) -> list[dict]:
+def unit_views(p: Problem, t: dict) -> list[dict]:
     """(1, H, S, D) views of an input set: one per batch row, or one per packed document of
-    seqlen_q / seqlen_k tokens."""
+    seqlen_q / seqlen_k tokens; "unit": its index (the b of an expression)."""
     names = [n for n in ("q", "k", "v", "dout") if n in t]
     if not p.packed:
-        return [{n: t[n][b:b + 1] for n in names} for b in range(p.batch)]
+        return [{"unit": b, **{n: t[n][b:b + 1] for n in names}} for b in range(p.batch)]
     views = []
     for d in range(p.batch):
         rq, rk = slice(d * p.seqlen_q, (d + 1) * p.seqlen_q), slice(d * p.seqlen_k, (d + 1) * p.seqlen_k)
-        views.append({n: t[n][rk if n in ("k", "v") else rq].transpose(0, 1).unsqueeze(0) for n in names})
+        views.append({"unit": d, **{n: t[n][rk if n in ("k", "v") else rq].transpose(0, 1).unsqueeze(0)
+                                    for n in names}})
     return views
 
 
-def output_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+def output_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict, attn=None) -> dict:
     """grouped_reference's forward chunk: out64 / lse64 (float64) and out_pt (same precision) of
-    KV head g's query heads `hs` of one (1, H, S, D) view, over query-row chunks."""
+    KV head g's query heads `hs` of one (1, H, S, D) view, over query-row chunks. attn(q, k, v, r0,
+    upcast) -> (out, lse): the attention of rows r0.. (default: attention_ref with `keep`, `kw`)."""
+    attn = attn or _plain(keep, kw)
     outs = {"out64": [], "lse64": [], "out_pt": []}
     for r0 in range(0, p.seqlen_q, rows):
         q, k, vv = v["q"][:, hs, r0:r0 + rows], v["k"][:, g:g + 1], v["v"][:, g:g + 1]
-        o64, l64 = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], **kw)
-        opt, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=False, **kw)
+        o64, l64 = attn(q, k, vv, r0, True)
+        opt, _ = attn(q, k, vv, r0, False)
         outs["out64"].append(o64)
         outs["lse64"].append(l64)
         outs["out_pt"].append(opt)
     return {n: torch.cat(xs, dim=2) for n, xs in outs.items()}
 
 
-def gradient_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:
+def _plain(keep, kw):
+    return lambda q, k, v, r0, upcast: attention_ref(q, k, v, keep=keep[r0:r0 + q.shape[2]], upcast=upcast, **kw)
+
+
+def gradient_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: dict, attn=None) -> dict:
     """grouped_reference's backward chunk: dq / dk / dv in float64 ("64") and in the inputs'
-    precision ("_pt") for dO = v["dout"], over query-row chunks (dK, dV summed over them)."""
+    precision ("_pt") for dO = v["dout"], over query-row chunks (dK, dV summed over them); attn
+    as output_chunk's."""
+    attn = attn or _plain(keep, kw)
     res = {}
     for tag, upcast in (("64", True), ("_pt", False)):
         conv = (lambda x: x.double()) if upcast else (lambda x: x)
@@ -321,7 +330,7 @@ def gradient_chunk(p: Problem, v: dict, hs: slice, g: int, keep, rows: int, kw: 
         dqs = []
         for r0 in range(0, p.seqlen_q, rows):
             q = conv(v["q"][:, hs, r0:r0 + rows]).detach().clone().requires_grad_(True)
-            o, _ = attention_ref(q, k, vv, keep=keep[r0:r0 + rows], upcast=upcast, **kw)
+            o, _ = attn(q, k, vv, r0, upcast)
             gq, gk, gv = torch.autograd.grad(o, (q, k, vv), conv(v["dout"][:, hs, r0:r0 + rows]))
             dqs.append(gq.double())
             dk += gk.double()

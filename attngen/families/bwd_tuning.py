@@ -6,6 +6,7 @@ it."""
 from __future__ import annotations
 
 from attngen.families import bwd as _bwd
+from attngen.families import expr_tuning as _expr
 from attngen.families import fwd as _fwd
 from attngen.families import fwd_tuning as _fwd_tuning
 
@@ -16,6 +17,7 @@ class TuningHooks(_fwd_tuning.TuningHooks):
 
     factor = 3.0
     outputs = ("dq", "dk", "dv")
+    expr_grads = True
 
     def inputs(self, obj, seed: int) -> dict:
         import torch
@@ -48,8 +50,9 @@ class TuningHooks(_fwd_tuning.TuningHooks):
         delta = torch.empty_like(t["lse"])
         dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if atomic else dq
         cu = (t["cu_q"], t["cu_k"], p.seqlen_q, p.seqlen_k) if s.varlen else ()
+        extra = {**_expr.extra(t), **_expr.backward_buffers(obj, t)} if s.has_expr else None
         launches = _bwd.bwd_launches(obj.mod, s, t["q"], t["k"], t["v"], t["out"], t["dout"], t["lse"], delta,
-                                     dq_acc, dk, dv, obj.mask, cfg, atomic, *cu)
+                                     dq_acc, dk, dv, obj.mask, cfg, atomic, *cu, extra=extra)
         return [dq_acc.zero_, *launches, lambda: dq.copy_(dq_acc)] if atomic else launches
 
     def chunk(self, obj, v: dict, hs: slice, g: int, keep, rows: int, kw: dict) -> dict:

@@ -96,9 +96,6 @@ def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[Expr
         if sinks.device != q.device:
             raise ValueError(f"sinks: on {sinks.device}, but q is on {q.device}")
     extra = {f"XP_{n}": tensors[n].detach() for n in sorted(used)}
-    for n in sorted(used):
-        if extra[f"XP_{n}"].dtype == torch.int32 or not extra[f"XP_{n}"].is_floating_point():
-            continue
     if sinks is not None:
         extra["Sinks"] = sinks.detach().float().contiguous()
     return ExprSpec(texts["mask"], texts["score"], decls, sinks is not None), extra, learn

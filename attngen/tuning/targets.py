@@ -133,7 +133,7 @@ def plan(opts: TuneOptions) -> list[Target]:
                     continue
                 if spec.uri in seen:  # two entries with one kernel: the first one's values
                     continue
-                if spec.has_expr:  # the tuning hooks make no expression parameters or sinks yet
+                if spec.has_expr and spec.family == "decode":  # its hooks make no expression tensors yet
                     expressions.append(spec.uri)
                     continue
                 seen.add(spec.uri)
@@ -159,8 +159,8 @@ def plan(opts: TuneOptions) -> list[Target]:
                                       if fam == "decode" else "the decode bucket (Sq = 1) is tuned by the "
                                       "decode family only, not by the fwd / bwd kernels selected"))
     if not targets and expressions:
-        raise TuneError(f"{expressions[0]}: kernels with expressions or sinks are not tunable yet (their "
-                        "default configs serve; docs/spec.md)")
+        raise TuneError(f"{expressions[0]}: decode kernels with expressions or sinks are not tunable yet "
+                        "(their default configs serve; the forward and backward ones are; docs/spec.md)")
     if not targets:
         raise TuneError(f"nothing to tune: no {'/'.join(opts.families)} kernel for target "
                         f"{profile.target} in {', '.join(map(str, files))}"

@@ -558,12 +558,3 @@ def test_compile_ahead_takes_the_unmeasured_valid_configs_when_that_is_quicker(t
     assert cli(tune_argv(tmp_path / "c.sqlite", "--sampler", "grid", "--quiet", "--timeout", "1",
                          trials=1000)) == 0
     assert calls == []
-
-
-def test_expression_kernels_are_not_tuned_yet(tmp_path):
-    # an expression spec names the reason instead of timing kernels its hooks cannot feed
-    from attngen.tuning.targets import TuneError, TuneOptions, plan
-
-    opts = TuneOptions(device="h100", specs=["specs/t5_base.yaml"], families=("fwd",))
-    with pytest.raises(TuneError, match="not tunable yet"):
-        plan(opts)
