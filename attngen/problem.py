@@ -56,13 +56,14 @@ def attended_pairs(seqlen_q: int, seqlen_k: int, causal: bool = False,
 
 
 def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
-                  top_left=False, upcast=True, keep=None):
+                  top_left=False, upcast=True, keep=None, bias=None):
     """Plain PyTorch attention on (B, H, S, D) tensors; returns (out, lse).
 
     upcast=True computes in float64 (the reference); upcast=False computes in the inputs' precision
     the way a straightforward PyTorch implementation would (scores and P@V in the input dtype,
     softmax in fp32), which sets the error budget of the flash-attn rule. Fully masked rows give 0
-    and lse -inf.
+    and lse -inf. bias (broadcast to (B, H, Sq, Sk)): added to the scores after softcapping (an
+    additive bias such as flash-attn's ALiBi), in the scores' precision.
     """
     dtype = q.dtype
     if upcast:
@@ -78,6 +79,8 @@ def attention_ref(q, k, v, *, causal=False, window_size=(-1, -1), softcap=0.0, s
     s = s.float() if not upcast else s
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
     if keep is None:
         keep = keep_mask(Sq, Sk, causal, window_size, top_left, device=q.device)
     s = s.masked_fill(~keep, float("-inf"))
