@@ -399,7 +399,7 @@ def main(argv=None) -> int:
     if args.sinks:
         extra["Sinks"] = torch.zeros(Hq)
     if args.family == "bwd":  # the dQ pass's partial sums of learnable parameters, sinks' exact D
-        from attngen.codegen.exprgen import grad_terms
+        from attngen.spec.expr_terms import grad_terms
 
         extra.update({f"XG{t.index}": torch.zeros(B * Hq * S * t.width) for t in grad_terms(spec)})
         if args.sinks:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from attngen.codegen import exprcode as XC
 from attngen.spec import expr as X
+from attngen.spec.expr_terms import GradTerm, exact_d, grad_terms, mask_node, score_node  # noqa: F401
 from attngen.spec.model import KernelSpec
 
 
@@ -69,18 +70,6 @@ def fragments(spec: KernelSpec) -> Fragments:
     grads = "".join(f", XG{t.index}" for t in grad_terms(spec)) + (", XD" if spec.sinks else "")
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
                      mask is not None and XC.needs_tile_skip(mask, "kv_idx"), grads)
-
-
-def _params(spec: KernelSpec) -> dict:
-    return {p.name: p for p in spec.params}
-
-
-def mask_node(spec: KernelSpec):
-    return X.parse(spec.mask_expr, "mask", _params(spec)) if spec.mask_expr else None
-
-
-def score_node(spec: KernelSpec):
-    return X.parse(spec.score_expr, "score", _params(spec)) if spec.score_expr else None
 
 
 def _tile_names(rows: str, cols: str, transposed: bool, decode: bool) -> dict:
@@ -185,46 +174,7 @@ def tile_live(spec: KernelSpec, row_lo: str, row_hi: str, col_lo: str, col_hi: s
 # vector over the occurrence's one general index (or a scalar), stores it in its own slot of
 # XG<i> (slots x width, slot = off_zh * num_m_blocks + start_m), and the host reduces the slots
 # (attngen.runtime.exprs.param_grads): no atomics, the same sums in the same order every run.
-
-
-@dataclass(frozen=True)
-class GradTerm:
-    """One learnable occurrence: the parameter, its subscripts' kinds ("b", "h" or "g": a general
-    index), the general index's extent (1 when none) and the accumulator's width (a power of two)."""
-
-    index: int
-    param: str
-    kinds: tuple
-    extent: int
-    width: int
-    node: object
-
-
-def grad_terms(spec: KernelSpec) -> list[GradTerm]:
-    node = score_node(spec)
-    if node is None:
-        return []
-    learn = {p.name: p for p in spec.params if p.learnable}
-    seen, out = [], []
-    for m in X.walk(node):
-        if isinstance(m, X.Sub) and m.param in learn and m not in seen:
-            seen.append(m)
-            kinds = tuple(i.name if isinstance(i, X.Var) and i.name in ("b", "h") else "g" for i in m.idx)
-            general = [d for d, k in enumerate(kinds) if k == "g"]
-            if len(general) > 1:
-                raise ValueError(f"learnable parameter '{m.param}': at most one subscript may be an "
-                                 f"expression other than b or h, got {X.to_text(m)}")
-            extent = int(learn[m.param].shape[general[0]]) if general else 1
-            width = 1 << max(extent - 1, 0).bit_length()
-            out.append(GradTerm(len(out), m.param, kinds, extent, width, m))
-    return out
-
-
-def exact_d(spec) -> bool:
-    """Whether the dQ pass sums each row's exact D = sum_j P dP (x_da): for sinks (their gradient,
-    written to XD) and for learnable occurrences without a general index (their gradient as
-    sum P dP w - sum_i D_i sum_j P w, not through the D of the rounded output)."""
-    return bool(getattr(spec, "sinks", False)) or any("g" not in t.kinds for t in grad_terms(spec))
+# The occurrences themselves: attngen.spec.expr_terms.grad_terms.
 
 
 def grad_accs(spec: KernelSpec) -> str:

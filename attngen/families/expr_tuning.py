@@ -58,9 +58,9 @@ def _attention(obj, t, unit: int, heads: slice, q, k, v, r0: int, upcast: bool):
     PyTorch implementation."""
     import torch
 
-    from attngen.codegen.exprgen import mask_node, score_node
     from attngen.problem import keep_mask
     from attngen.spec.expr_eval import eval_torch
+    from attngen.spec.expr_terms import mask_node, score_node
 
     p, spec = obj.problem, obj.spec
     dt = torch.float64 if upcast else q.dtype
@@ -116,7 +116,7 @@ def backward_buffers(obj, t: dict) -> dict:
     (attngen.runtime.exprs.expr_backward)."""
     import torch
 
-    from attngen.runtime.exprs import grad_buffers
+    from attngen.kernels.expr_buffers import grad_buffers
 
     p, s = obj.problem, obj.spec
     layout = "packed" if s.varlen else "bhsd"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attngen.kernels.expr_buffers import extent, grad_buffers
 from attngen.runtime import api, trace, validate
 from attngen.spec import expr as X
 
@@ -172,34 +173,13 @@ def expr_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_qk, opts, determinist
     return dq, dk, dv, dsinks, dparams
 
 
-def _extent(q, layout: str, cu_q, max_q: int) -> tuple[int, int, int]:
-    """(Z, Hq, rows): batch (or documents), query heads, query rows of the dQ pass's programs."""
-    if layout == "packed":
-        return cu_q.numel() - 1, q.shape[1], max_q
-    if layout == "bshd":
-        return q.shape[0], q.shape[2], q.shape[1]
-    return q.shape[0], q.shape[1], q.shape[2]
-
-
-def grad_buffers(x: ExprSpec, q, layout: str, cu_q=None, max_q: int = 0) -> dict:
-    """The dQ pass's per-program partial sums of each learnable occurrence (zeroed: programs of
-    packed documents past their document's end store nothing). Slots for the smallest dQ block
-    (16 rows), so any config's grid fits."""
-    from attngen.codegen.exprgen import grad_terms  # no jinja2 behind it
-
-    z, hq, rows = _extent(q, layout, cu_q, max_q)
-    slots = z * hq * max(1, -(-rows // 16))
-    return {f"XG{t.index}": torch.zeros(slots * t.width, dtype=torch.float32, device=q.device)
-            for t in grad_terms(x)}
-
-
 def param_grads(x: ExprSpec, bufs: dict, tensors: dict, q, layout: str, cu_q=None, max_q: int = 0,
                 block_m: int = 16) -> dict:
     """{name: gradient} from the dQ pass's partial sums: slots reduced over query blocks, then
     the b / h subscripts mapped onto the parameter's axes (one-hot products: deterministic)."""
-    from attngen.codegen.exprgen import grad_terms
+    from attngen.spec.expr_terms import grad_terms
 
-    z, hq, rows = _extent(q, layout, cu_q, max_q)
+    z, hq, rows = extent(q, layout, cu_q, max_q)
     m = max(1, -(-rows // block_m))
     out = {}
     for t in grad_terms(x):
