@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from attngen.families.base import Family, _pow2, require_valid
 from attngen.kernels.launch import expr_values, Launch, pdl, programs
@@ -24,9 +25,10 @@ MIN_SPLIT_KEYS = 256  # a slice shorter than this costs more in its partial writ
 PROGRAMS_PER_SM = 2  # splits() aims at this many programs per SM
 # the slots of the int32 flag tensor the kernels write (row + 1) when a call's metadata is out of
 # range (attngen.runtime.kvguard reads them): kv_len past the capacity or cache_seqlens < 0; a
-# used block-table entry outside [0, num_pages); a new token not written (no room, or its page)
-FLAG_SLOTS = {"FLAG_SEQLENS": 0, "FLAG_TABLE": 1, "FLAG_APPEND": 2}
-NUM_FLAGS = 4
+# used block-table entry outside [0, num_pages); a new token not written (no room, or its page); a
+# cache_batch_idx outside the cache's rows; a cache_leftpad outside [0, cache_seqlens]
+FLAG_SLOTS = {"FLAG_SEQLENS": 0, "FLAG_TABLE": 1, "FLAG_APPEND": 2, "FLAG_BATCH_IDX": 3, "FLAG_LEFTPAD": 4}
+NUM_FLAGS = 8
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,18 @@ class DecodeConfig:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class Rotary(NamedTuple):
+    """A call's fused rotary embedding (flash-attn's rotary_cos / rotary_sin): cos / sin
+    (seqlen_ro, rotary_dim / 2) tensors; interleaved: pairs (2i, 2i + 1), else (i, i + rotary_dim /
+    2); per_token: query token i sits at position cache_seqlens + i (a causal or local call), else
+    every query token at cache_seqlens."""
+
+    cos: Any
+    sin: Any
+    interleaved: bool
+    per_token: bool
 
 
 def check_decode(spec: KernelSpec, cfg: DecodeConfig) -> str | None:
@@ -149,7 +163,8 @@ def context(spec: KernelSpec) -> dict:
 def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_part, lse_part, mask,
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
                     new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None,
-                    flags=None, k_new=None, v_new=None, extra=None) -> list:
+                    flags=None, k_new=None, v_new=None, extra=None, cache_batch_idx=None, cache_leftpad=None,
+                    rotary=None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
     (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
     block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
@@ -162,8 +177,13 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     of range in (None: a scratch one). k_new / v_new (B, new_len, Hkv, D): the tokens an append
     launch (_attn_decode_append, first) writes into the caches at cache_seqlens. Whatever
     cache_seqlens and block_table hold, the kernels bound every row by the caches' capacity and
-    never follow a page index outside [0, num_pages)."""
+    never follow a page index outside [0, num_pages). Dense caches only: cache_batch_idx (B,) int32,
+    the cache row of each batch row (the caches may have any number of rows); cache_leftpad (B,)
+    int32, the cache position of each row's first key. rotary (Rotary): RoPE of the new keys and of
+    q at flash-attn's positions (the template's comment); seqlen_ro must cover capacity + max(0,
+    Sq - new_len) positions."""
     require_valid_decode(spec, cfg)
+    check_layout_args(q, k_cache, block_table, new_len, cache_batch_idx, cache_leftpad, rotary)
     if flags is None:
         import torch
 
@@ -190,7 +210,13 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         "num_kv_heads": hkv, "seqlen_q": sq, "seqlen_k": 0 if cache_seqlens is not None else k_cache.shape[1],
         "new_len": new_len, "split_len": split_len, "num_splits": num_splits,
         "page_size": k_cache.shape[1] if paged else 1,
-        "capacity": capacity, "num_pages": k_cache.shape[0] if paged else 0,
+        "capacity": capacity, "num_pages": k_cache.shape[0],
+        "CacheBatchIdx": cache_batch_idx, "CacheLeftpad": cache_leftpad,
+        "RotaryCos": rotary.cos if rotary else None, "RotarySin": rotary.sin if rotary else None,
+        "stride_ro": rotary.cos.stride(0) if rotary else 0, "rotary_half": rotary.cos.shape[1] if rotary else 0,
+        "rotary_step": int(bool(rotary and rotary.per_token)),
+        "BATCH_IDX": cache_batch_idx is not None, "LEFTPAD": cache_leftpad is not None,
+        "ROTARY": rotary is not None, "ROTARY_INTERLEAVED": bool(rotary and rotary.interleaved),
         "qk_scale": qk_scale, "softcap_in": softcap_in, "softcap_out": softcap_out,
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "BLOCK_M": block_m, "BLOCK_N": cfg.block_n, "PAGED": paged, "HAS_SEQLENS": cache_seqlens is not None,
@@ -203,13 +229,15 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         names = ("K", "V", "CacheSeqlens", "BlockTable", "KDescale", "VDescale", "Flags", "stride_kz", "stride_kn",
                  "stride_kh", "stride_vz", "stride_vn", "stride_vh", "stride_bt", "stride_kdz", "stride_kdh",
                  "stride_vdz", "stride_vdh", "num_kv_heads", "new_len", "capacity", "num_pages", "page_size",
-                 "PAGED", "K_DESCALE", "V_DESCALE")
+                 "PAGED", "K_DESCALE", "V_DESCALE", "CacheBatchIdx", "RotaryCos", "RotarySin", "stride_ro",
+                 "rotary_half", "BATCH_IDX", "ROTARY", "ROTARY_INTERLEAVED")
         append = {n: values[n] for n in names}
         append.update({"KNew": k_new, "VNew": v_new})
         append.update({f"stride_{p}{a}": t.stride(i) for p, t in (("n", k_new), ("m", v_new))
                        for i, a in enumerate("zmhd")})
+        # with rotary, no FMA: the new keys are rotated and rounded as PyTorch's fp32 ops would
         launches.append(Launch.of(mod, "_attn_decode_append", programs(new_len * hkv, B, "k") if B else 0, append,
-                                  1, 1))
+                                  1, 1, fp_fusion=rotary is None))
     launches.append(Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages))
     if split:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
@@ -219,6 +247,24 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         launches.append(Launch.of(mod, "_attn_decode_combine", B * hkv if grid else 0, combine, 4, 1,
                                   pdl=use_pdl))
     return launches
+
+
+def check_layout_args(q, k_cache, block_table, new_len: int, cache_batch_idx, cache_leftpad, rotary) -> None:
+    """What the kernels need of the shapes of the optional indices and tables: no cache_batch_idx or
+    cache_leftpad with a paged cache (the paged walk reads whole groups of 16 keys from one page),
+    and a rotary table long enough for every position the clamped cache_seqlens can give (new key t
+    at cache_seqlens + t < capacity; query token i at cache_seqlens + i <= capacity - new_len + i).
+    attngen.runtime.kvcache.check_args says the same to the caller first."""
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None and block_table is not None:
+            raise ValueError(f"{name}: not with a paged cache (block_table), as flash-attn")
+    if rotary is not None:
+        capacity = block_table.shape[1] * k_cache.shape[1] if block_table is not None else k_cache.shape[1]
+        need = capacity + max(0, q.shape[1] - new_len)
+        if rotary.cos.shape[0] < need:
+            raise ValueError(f"rotary_cos: {rotary.cos.shape[0]} positions; the call can reach position {need - 1} "
+                             f"(a row's capacity {capacity} + {max(0, q.shape[1] - new_len)} query tokens past "
+                             "the new keys)")
 
 
 def partial_shapes(batch: int, kv_heads: int, num_splits: int, block_m: int, head_dim_v: int):

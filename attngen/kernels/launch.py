@@ -61,13 +61,17 @@ class Launch:
     # launched with programmatic dependent launch (sm90): it may start while the kernel before it
     # finishes, and waits for it inside (the kernel's PDL constexpr, templates/_common.py.jinja)
     pdl: bool = False
+    # False: the compiler keeps every fp32 multiply and add rounded on its own (no FMA), so the
+    # kernel rounds as PyTorch's element-wise ops do (the decode append's fused rotary)
+    fp_fusion: bool = True
 
     @classmethod
     def of(cls, mod, name: str, grid: int, values: dict, num_warps: int, num_stages: int,
-           descriptors: dict | None = None, scratch: bool = False, maxnreg: int = 0, pdl: bool = False) -> "Launch":
+           descriptors: dict | None = None, scratch: bool = False, maxnreg: int = 0, pdl: bool = False,
+           fp_fusion: bool = True) -> "Launch":
         """The launch of entry point `name` of the generated module `mod`, bound through its ABI."""
         return cls(getattr(mod, name), grid, values, num_warps, num_stages, descriptors, scratch, maxnreg,
-                   mod.ABI[name], pdl)
+                   mod.ABI[name], pdl, fp_fusion)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -81,6 +85,8 @@ class Launch:
             opts["maxnreg"] = self.maxnreg
         if self.pdl:
             opts["launch_pdl"] = True
+        if not self.fp_fusion:
+            opts["enable_fp_fusion"] = False
         return opts
 
     @property

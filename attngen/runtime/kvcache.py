@@ -38,11 +38,13 @@ class DecodePlan(Plan):
     """The decode launches of one key. q (B, Sq, Hq, D); caches (B, S_max, Hkv, D) or paged."""
 
     FAMILY = DECODE
-    ALIGNED = ("Q", "K", "V")
+    # the rotary tables too: a kernel compiled for 16-byte aligned tables may read them vectorized
+    ALIGNED = ("Q", "K", "V", "RotaryCos", "RotarySin")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
                  num_splits: int = 0, out_layout: str = "bshd", descales=(None, None), new_kv=(None, None),
-                 extra=None):
+                 extra=None, indices=(None, None), rotary=None):
+        """indices: (cache_batch_idx, cache_leftpad); rotary: a families.decode.Rotary or None."""
         B, sq, hq, dqk = q.shape
         hkv, dv = k_cache.shape[2], v_cache.shape[3]
         paged = block_table is not None
@@ -74,7 +76,8 @@ class DecodePlan(Plan):
                                      opts.mask_args,
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
                                      new_len, *descales, flags=self.flags, k_new=new_kv[0],
-                                     v_new=new_kv[1], extra=extra))
+                                     v_new=new_kv[1], extra=extra, cache_batch_idx=indices[0],
+                                     cache_leftpad=indices[1], rotary=rotary))
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -90,14 +93,17 @@ class DecodePlan(Plan):
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
     def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None,
-                  k=None, v=None, extra=None):
+                  k=None, v=None, extra=None, indices=(None, None), rotary=None):
         """(out in the plan's layout, lse (B, Hq, Sq)); k / v: the new tokens the plan appends first;
-        extra: an expression call's parameters and sinks by kernel name."""
+        extra: an expression call's parameters and sinks by kernel name; indices (cache_batch_idx,
+        cache_leftpad) and rotary (families.decode.Rotary) as the plan was built with."""
         out, lse = self.empty()
         op, lp = self.partials()
+        cos, sin = (rotary.cos, rotary.sin) if rotary else (None, None)
         self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                      "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
-                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, **(extra or {})})
+                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, "CacheBatchIdx": indices[0],
+                     "CacheLeftpad": indices[1], "RotaryCos": cos, "RotarySin": sin, **(extra or {})})
         return out, lse
 
 
@@ -141,10 +147,14 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=None, v_descale=None) -> int:
+def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=None, v_descale=None,
+               cache_batch_idx=None, cache_leftpad=None, rotary_cos=None, rotary_sin=None,
+               rotary_interleaved=True) -> int:
     """Shape, dtype and device checks that need no device-to-host copy; returns new_len. The caches
     hold q's dtype, or e4m3 (an fp8 cache: k_descale / v_descale fp32 (B, Hkv) or None, 1.0).
-    Values (cache_seqlens, block_table entries): kvguard.check_values, kvcache_impl."""
+    cache_batch_idx / cache_leftpad: int32 (B,), dense caches only; rotary_cos / rotary_sin
+    (seqlen_ro, rotary_dim / 2), with new k / v (check_rotary). Values (cache_seqlens, block_table,
+    cache_batch_idx, cache_leftpad entries): kvguard.check_values, kvcache_impl."""
     doc = "(B, S, H, D) (paged caches: (num_pages, page_size, H, D))"
     dtype = validate.check_tensors({"q": q}, 4, doc)
     cache_dtype = validate.check_tensors({"k_cache": k_cache, "v_cache": v_cache}, 4, doc, dtypes=(dtype, E4M3))
@@ -173,6 +183,11 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
             _fail(f"{name}: the head dim must be contiguous (stride 1), got strides {t.stride()}")
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            _check_rows_vector(name, t, B, q.device)
+            if t is not None and block_table is not None:
+                _fail(f"{name}: not with a paged cache (block_table), as flash-attn")
     if block_table is not None:
         if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
             _fail("block_table: expected an int32 torch.Tensor (B, max_pages)")
@@ -186,8 +201,11 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=
             _fail("k_cache: a paged cache needs at least one page (num_pages is 0)")
         capacity = block_table.shape[1] * s_c
     else:
-        if k_cache.shape[0] != B:
-            _fail(f"k_cache: batch {k_cache.shape[0]} differs from q's {B} (a paged cache needs block_table)")
+        if cache_batch_idx is None and k_cache.shape[0] != B:
+            _fail(f"k_cache: batch {k_cache.shape[0]} differs from q's {B} (a paged cache needs block_table, "
+                  "other cache rows cache_batch_idx)")
+        if cache_batch_idx is not None and k_cache.shape[0] == 0:
+            _fail("k_cache: no rows for cache_batch_idx to name")
         capacity = s_c
     if capacity > MAX_SEQLEN:
         _fail(f"k_cache: {capacity} keys per row is above the kernels' maximum {MAX_SEQLEN}")
@@ -207,38 +225,84 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=
         new_len = k.shape[1]
         if new_len > capacity:
             _fail(f"k: {new_len} new tokens do not fit a cache row of {capacity}")
-    if cache_seqlens is not None:
-        if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
-            _fail("cache_seqlens: expected an int32 torch.Tensor (B,)")
-        if cache_seqlens.shape != (B,):
-            _fail(f"cache_seqlens: expected shape ({B},), got {tuple(cache_seqlens.shape)}")
-        if cache_seqlens.device != q.device:
-            _fail(f"cache_seqlens: on {cache_seqlens.device}, but q is on {q.device}")
-    elif block_table is not None:
+    _check_rows_vector("cache_seqlens", cache_seqlens, B, q.device)
+    if cache_seqlens is None and block_table is not None:
         _fail("cache_seqlens: required with a paged cache (block_table)")
+    if rotary_cos is not None or rotary_sin is not None:
+        check_rotary(q, rotary_cos, rotary_sin, rotary_interleaved, k is not None, new_len, capacity)
     return new_len
 
 
+def _check_rows_vector(name: str, t, B: int, device) -> None:
+    """An int32 (B,) tensor on q's device (one value per batch row), or None."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+        _fail(f"{name}: expected an int32 torch.Tensor (B,)")
+    if t.shape != (B,):
+        _fail(f"{name}: expected shape ({B},), got {tuple(t.shape)}")
+    if t.device != device:
+        _fail(f"{name}: on {t.device}, but q is on {device}")
+
+
+def check_rotary(q, cos, sin, interleaved, new_kv: bool, new_len: int, capacity: int) -> None:
+    """rotary_cos / rotary_sin (either given): both, with new k / v (flash-attn's rule: the positions
+    start at cache_seqlens, where the new keys go), (seqlen_ro, rotary_dim / 2) of q's dtype or
+    fp32, rotary_dim at most the head dim, the last dim contiguous, the same strides, and positions
+    for every query token (families.decode.check_layout_args)."""
+    if cos is None or sin is None:
+        _fail(f"{'rotary_cos' if cos is None else 'rotary_sin'}: pass rotary_cos and rotary_sin together")
+    if not isinstance(interleaved, bool):
+        _fail(f"rotary_interleaved: must be a bool, got {interleaved!r}")
+    if not new_kv:
+        _fail("rotary_cos: needs new k / v (as flash-attn: q and the new keys are rotated from cache_seqlens on)")
+    d = q.shape[3]
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (q.dtype, torch.float32):
+            _fail(f"{name}: expected a {q.dtype} or torch.float32 tensor (seqlen_ro, rotary_dim / 2)")
+        if t.dim() != 2 or not 1 <= 2 * t.shape[1] <= d:
+            _fail(f"{name}: expected shape (seqlen_ro, rotary_dim / 2) with rotary_dim from 2 to the head dim "
+                  f"{d}, got {tuple(t.shape)}")
+        if t.device != q.device:
+            _fail(f"{name}: on {t.device}, but q is on {q.device}")
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            _fail(f"{name}: the last dim must be contiguous (stride 1), got strides {t.stride()}")
+    if sin.dtype != cos.dtype or sin.shape != cos.shape or sin.stride(0) != cos.stride(0):
+        _fail(f"rotary_sin: {sin.dtype} {tuple(sin.shape)} strides {sin.stride()} differ from rotary_cos's "
+              f"{cos.dtype} {tuple(cos.shape)} {cos.stride()}")
+    need = capacity + max(0, q.shape[1] - new_len)
+    if cos.shape[0] < need:
+        _fail(f"rotary_cos: {cos.shape[0]} positions, fewer than the {need} a call can reach (a row's capacity "
+              f"{capacity}" + (f" + {q.shape[1] - new_len} query tokens past the new keys)" if need > capacity else ")"))
+
+
 def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0,
-                 k_descale=None, v_descale=None, validate: bool = False, extra=None):
-    """(out, lse) of a checked call; the body of the custom op. The metadata's values are checked
-    on the host (kvguard.check_values) when they are there already (CPU tensors) or `validate`
-    asks (a device-to-host copy; skipped while a CUDA graph is captured); the kernels bound every
-    access and flag the rest (kvguard.flags)."""
-    if cache_seqlens is not None and (cache_seqlens.device.type == "cpu" or validate and not
-                                      kvguard.capturing(cache_seqlens.device)):
+                 k_descale=None, v_descale=None, validate: bool = False, extra=None, indices=(None, None),
+                 rotary=None):
+    """(out, lse) of a checked call; the body of the custom op. indices: (cache_batch_idx,
+    cache_leftpad); rotary: a families.decode.Rotary or None. The metadata's values are checked on
+    the host (kvguard.check_values) when they are there already (CPU tensors) or `validate` asks
+    (a device-to-host copy; skipped while a CUDA graph is captured); the kernels bound every access
+    and flag the rest (kvguard.flags)."""
+    meta = cache_seqlens if cache_seqlens is not None else indices[0] if indices[0] is not None else indices[1]
+    if meta is not None and (meta.device.type == "cpu" or validate and not kvguard.capturing(meta.device)):
         paged = block_table is not None
         capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
         kvguard.check_values(cache_seqlens, block_table, new_len, capacity, k_cache.shape[0] if paged else 0,
-                             k_cache.shape[1])
+                             k_cache.shape[1], *indices, k_cache.shape[0])
     descales = (None if k_descale is None else k_descale.stride(), None if v_descale is None else v_descale.stride())
     key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
            k_cache.dtype, q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
            block_table.stride()), new_len, None if k is None else (k.stride(), v.stride()), num_splits, descales,
            dispatch.override(), None if not extra else tuple((n, t.shape, t.stride(), t.dtype)
-                                                              for n, t in sorted(extra.items())))
+                                                              for n, t in sorted(extra.items())),
+           indices[0] is None, indices[1] is None,
+           None if rotary is None else (rotary.cos.shape[1], rotary.cos.stride(0), rotary.cos.dtype,
+                                        rotary.interleaved, rotary.per_token))
     plan = _PLANS.get(key)
     if plan is None:
         plan = _PLANS.put(key, DecodePlan(q, k_cache, v_cache, opts, cache_seqlens, block_table, new_len,
-                                          num_splits, descales=(k_descale, v_descale), new_kv=(k, v), extra=extra))
-    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v, extra)
+                                          num_splits, descales=(k_descale, v_descale), new_kv=(k, v), extra=extra,
+                                          indices=indices, rotary=rotary))
+    return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v, extra,
+                          indices, rotary)

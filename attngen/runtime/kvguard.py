@@ -1,13 +1,14 @@
 """KV-cache metadata out of range: what attention_with_kvcache checks, and where (docs/decode.md,
 "Metadata out of range").
 
-The decode kernels never read or write outside the caches, whatever `cache_seqlens` and
-`block_table` hold (templates/attn_decode.py.jinja): a row's keys are clamped to the cache's
-capacity, a page index outside [0, num_pages) is never followed, a new token with no room is not
-written. What the caller is told:
+The decode kernels never read or write outside the caches, whatever `cache_seqlens`,
+`block_table`, `cache_batch_idx` and `cache_leftpad` hold (templates/attn_decode.py.jinja): a
+row's keys are clamped to the cache's capacity, a page index outside [0, num_pages) is never
+followed, a new token with no room is not written, a cache row outside the cache is never read
+or written, a left pad is clamped into [0, cache_seqlens]. What the caller is told:
 
 * metadata on the CPU (Triton's interpreter) is checked here before the launch: a ValueError
-  naming `cache_seqlens` or `block_table`, the row and the value, and nothing written;
+  naming the argument, the row and the value, and nothing written;
 * metadata on a GPU is not copied to the host on the default path (a call stays free of syncs and
   CUDA-graph capturable): the kernels write row + 1 into a slot of this device's flag tensor
   (one int32 tensor per device, made once), and `attngen.check_kvcache()` reads it (a sync),
@@ -33,6 +34,10 @@ _MEANING = {
                   "or written (the row's output is not meaningful)",
     "FLAG_APPEND": "cache_seqlens: row {row}: new k / v past the row's capacity (or at a negative position) "
                    "were not written",
+    "FLAG_BATCH_IDX": "cache_batch_idx: row {row} names a cache row outside [0, k_cache.shape[0]); no cache row "
+                      "was read or written for it (its output is zeros, its lse -inf)",
+    "FLAG_LEFTPAD": "cache_leftpad: row {row} is below 0 or above the row's cache_seqlens; the kernel clamped it "
+                    "into [0, cache_seqlens]",
 }
 
 
@@ -57,7 +62,8 @@ def flags(device) -> torch.Tensor:
 
 
 def check_kvcache(device=None) -> None:
-    """Raise a ValueError naming the argument (`cache_seqlens`, `block_table`) and a row if an
+    """Raise a ValueError naming the argument (`cache_seqlens`, `block_table`, `cache_batch_idx`,
+    `cache_leftpad`) and a row if an
     attention_with_kvcache call since the last check had metadata out of range, and clear the
     record. Reads the flag of `device` (a torch.device or str; None: every device a call ran on):
     a device-to-host copy, so call it where a sync is cheap (after a step, in a test, in debug
@@ -81,26 +87,45 @@ def capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def check_values(cache_seqlens, block_table, new_len: int, capacity: int, num_pages: int, page_size: int) -> None:
+def check_values(cache_seqlens, block_table, new_len: int, capacity: int, num_pages: int, page_size: int,
+                 cache_batch_idx=None, cache_leftpad=None, cache_rows: int = 0) -> None:
     """Host check of a call's metadata values (a device-to-host copy for GPU tensors): every row's
-    cache_seqlens in [0, capacity - new_len], and every block-table entry of a page the row uses
-    (its first ceil((cache_seqlens + new_len) / page_size)) in [0, num_pages). Entries past the
-    used pages may hold anything. Raises a ValueError naming the argument, the row and the value."""
-    if cache_seqlens is None:
-        return
-    lens = cache_seqlens.cpu().long()
-    bad = ((lens < 0) | (lens > capacity - new_len)).nonzero()
-    if bad.numel():
-        row = int(bad[0])
-        what = (f"{int(lens[row])} keys + {new_len} new" if new_len else f"{int(lens[row])} keys")
-        if block_table is not None:
-            room = f"{capacity} ({block_table.shape[1]} pages of {page_size} in block_table)"
-        else:
-            room = f"{capacity} (the cache's S_max)"
-        raise ValueError(f"cache_seqlens: row {row} holds {what}; must be from 0 to a row's capacity {room}")
-    if block_table is None or not block_table.numel():
-        return
-    table = block_table.cpu().long()
+    cache_seqlens in [0, capacity - new_len], every block-table entry of a page the row uses (its
+    first ceil((cache_seqlens + new_len) / page_size)) in [0, num_pages), every cache_batch_idx in
+    [0, cache_rows), every cache_leftpad in [0, cache_seqlens] (None: [0, capacity]). Entries past
+    the used pages may hold anything. Raises a ValueError naming the argument, the row and the
+    value."""
+    if cache_seqlens is not None:
+        lens = cache_seqlens.cpu().long()
+        bad = ((lens < 0) | (lens > capacity - new_len)).nonzero()
+        if bad.numel():
+            row = int(bad[0])
+            what = (f"{int(lens[row])} keys + {new_len} new" if new_len else f"{int(lens[row])} keys")
+            if block_table is not None:
+                room = f"{capacity} ({block_table.shape[1]} pages of {page_size} in block_table)"
+            else:
+                room = f"{capacity} (the cache's S_max)"
+            raise ValueError(f"cache_seqlens: row {row} holds {what}; must be from 0 to a row's capacity {room}")
+        if block_table is not None and block_table.numel():
+            _check_table(block_table.cpu().long(), lens, new_len, num_pages, page_size)
+    if cache_batch_idx is not None:
+        rows = cache_batch_idx.cpu().long()
+        bad = ((rows < 0) | (rows >= cache_rows)).nonzero()
+        if bad.numel():
+            row = int(bad[0])
+            raise ValueError(f"cache_batch_idx: row {row} is {int(rows[row])}; cache rows are 0 to {cache_rows - 1} "
+                             f"(k_cache holds {cache_rows})")
+    if cache_leftpad is not None:
+        pads = cache_leftpad.cpu().long()
+        top = lens if cache_seqlens is not None else torch.full_like(pads, capacity)
+        bad = ((pads < 0) | (pads > top)).nonzero()
+        if bad.numel():
+            row = int(bad[0])
+            raise ValueError(f"cache_leftpad: row {row} is {int(pads[row])}; must be from 0 to the row's "
+                             f"{'cache_seqlens' if cache_seqlens is not None else 'S_max'} {int(top[row])}")
+
+
+def _check_table(table, lens, new_len: int, num_pages: int, page_size: int) -> None:
     used = torch.arange(table.shape[1])[None, :] < ((lens + new_len + page_size - 1) // page_size)[:, None]
     bad = (used & ((table < 0) | (table >= num_pages))).nonzero()
     if bad.numel():

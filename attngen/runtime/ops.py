@@ -9,6 +9,7 @@ from typing import Optional
 
 import torch
 
+from attngen.families.decode import Rotary
 from attngen.runtime import api, fp8, kvcache, validate
 
 
@@ -76,10 +77,14 @@ def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cach
              k: Optional[torch.Tensor], v: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
              scale: float, softcap: float, window_left: int, window_right: int, mask: str,
              new_len: int, num_splits: int, k_descale: Optional[torch.Tensor] = None,
-             v_descale: Optional[torch.Tensor] = None, validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+             v_descale: Optional[torch.Tensor] = None, validate: bool = False,
+             cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
+             rotary_cos: Optional[torch.Tensor] = None, rotary_sin: Optional[torch.Tensor] = None,
+             rotary_interleaved: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     opts = _opts(scale, softcap, window_left, window_right, mask, False, "bshd")
+    rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, mask != "none")
     return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits,
-                                k_descale, v_descale, validate)
+                                k_descale, v_descale, validate, None, (cache_batch_idx, cache_leftpad), rotary)
 
 
 @_kvcache.register_fake
@@ -89,10 +94,11 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
 
 
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int,
-                      k_descale=None, v_descale=None, validate: bool = False):
+                      k_descale=None, v_descale=None, validate: bool = False, indices=(None, None), rotary=None):
+    cos, sin, interleaved = rotary[:3] if rotary else (None, None, True)
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
                     opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale,
-                    validate)
+                    validate, *indices, cos, sin, interleaved)
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

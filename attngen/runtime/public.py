@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from attngen import env
-from attngen.families.decode import MAX_SPLITS
+from attngen.families.decode import MAX_SPLITS, Rotary
 from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, validate, variants
 from attngen.runtime.validate import make_options
 
@@ -193,7 +193,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v=None, block_table=None,
                            causal=True, window_size=(-1, -1), softcap=0.0, scale=None, return_lse=False,
                            num_splits=0, k_descale=None, v_descale=None, validate=None, mask_mod=None,
-                           score_mod=None, sinks=None, params=None, variant=None):
+                           score_mod=None, sinks=None, params=None, variant=None, cache_batch_idx=None,
+                           cache_leftpad=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True):
     """Attention of a short query on a KV cache (decoding), split over the key axis.
 
     mask_mod / score_mod / params / sinks: expressions and learned sinks as attention() takes them
@@ -210,6 +211,22 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     gradient); works under torch.compile(fullgraph=True) and CUDA graphs (the split comes from
     shapes, never from cache_seqlens values).
 
+    As flash-attn's flash_attn_with_kvcache (dense caches only, as flash-attn 2):
+    cache_batch_idx (B,) int32: batch row b of q / k / v uses cache row cache_batch_idx[b] (the
+    caches may then have any number of rows; duplicate indices with new k / v: which row's tokens
+    land is unspecified). cache_leftpad (B,) int32: row b's keys start at cache position
+    cache_leftpad[b]: its keys are [cache_leftpad, cache_seqlens + n) (cache_seqlens counts from
+    position 0, pad included; new tokens go to cache_seqlens as without a pad); causal, window and
+    expressions number the keys from the pad (kv_len = cache_seqlens + n - cache_leftpad).
+    rotary_cos / rotary_sin (seqlen_ro, rotary_dim / 2), q's dtype or fp32, with new k / v: RoPE of
+    the first rotary_dim dims of q and the new keys, fused (fp32, rounded to q's dtype once; the
+    keys are stored rotated). rotary_interleaved (default True, as flash-attn): pairs (0, 1),
+    (2, 3), ...; False: GPT-NeoX halves (i, i + rotary_dim / 2). Positions as flash-attn's, counted
+    from cache position 0 (a left pad is not subtracted): new key t at cache_seqlens + t; query
+    token i at cache_seqlens + i when causal or local (window_size != (-1, -1)), else every query
+    token at cache_seqlens. seqlen_ro must be at least the row capacity (+ Sq - n when the query
+    is longer than the new tokens).
+
     An fp8 cache: k_cache / v_cache in torch.float8_e4m3fn (q, k, v and the output stay bf16 /
     fp16) holding K / k_descale and V / v_descale; the descales fp32 (B, Hkv) (None: 1.0). The
     kernel reads the e4m3 values, widens them exactly to q's dtype and applies the descales in
@@ -218,11 +235,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
 
     Metadata out of range (a row's cache_seqlens below 0 or, with the new tokens, above its
     capacity -- max_pages x page_size paged, S_max dense --, a block-table entry outside
-    [0, num_pages) for a page a row uses) is never followed outside the caches: the kernels clamp
-    the row's keys to its capacity, never read or write a page outside the pool and write no new
-    token that has no room (such a row's output is not meaningful). Entries past the pages a row uses may hold anything (-1 padding). CPU metadata is
-    checked before the launch: a ValueError naming `cache_seqlens` or `block_table`, the row and
-    the value, nothing written. GPU metadata is not copied to the host (no sync: CUDA graphs keep
+    [0, num_pages) for a page a row uses, a cache_batch_idx outside [0, k_cache.shape[0]), a
+    cache_leftpad outside [0, cache_seqlens]) is never followed outside the caches: the kernels
+    clamp the row's keys to its capacity, never read or write a page or cache row outside the
+    cache (a row with a bad cache_batch_idx sees no key), clamp the pad and write no new token that
+    has no room (such a row's output is not meaningful). Entries past the pages a row uses may
+    hold anything (-1 padding). CPU metadata is checked before the launch: a ValueError naming the
+    argument, the row and the value, nothing written. GPU metadata is not copied to the host (no sync: CUDA graphs keep
     working): the kernels record the row in a device flag, and `attngen.check_kvcache()` reads it
     (a sync) and raises the same way. validate=True checks GPU metadata before the launch with
     one device-to-host copy (None: only if ATTNGEN_CHECK_KVCACHE=1; skipped while a CUDA graph is
@@ -232,7 +251,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
         causal, window_size, softcap, scale, mask_mod, score_mod = _variant(
             variant, False if causal is True else causal, window_size, softcap, scale, mask_mod, score_mod, params,
             sinks, q.shape[2], q.shape[0])
-    new_len = kvcache.check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale)
+    new_len = kvcache.check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale, v_descale,
+                                 cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin, rotary_interleaved)
+    indices = (cache_batch_idx, cache_leftpad)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
@@ -240,6 +261,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
                          "torch.no_grad() or use attention() for training")
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
     check = env.check_kvcache() if validate is None else bool(validate)
+    # flash-attn's rotary positions: per query token when causal or local (the built-in mask, before
+    # an expression takes it in)
+    rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, opts.mask != "none")
     if mask_mod is not None or score_mod is not None or sinks is not None or params:
         if torch.compiler.is_compiling():
             raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile")
@@ -247,14 +271,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
                                             None if sinks is None else sinks.detach(),
                                             {n: t.detach() for n, t in (params or {}).items()})
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                        num_splits, k_descale, v_descale, check, extra)
+                                        num_splits, k_descale, v_descale, check, extra, indices, rotary)
         return (out, lse) if return_lse else out
     if torch.compiler.is_compiling():
         out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                         num_splits, k_descale, v_descale, check)
+                                         num_splits, k_descale, v_descale, check, indices, rotary)
     else:
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                        num_splits, k_descale, v_descale, check)
+                                        num_splits, k_descale, v_descale, check, None, indices, rotary)
     return (out, lse) if return_lse else out
 
 

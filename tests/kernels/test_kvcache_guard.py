@@ -47,9 +47,9 @@ CASES = {
 }
 
 
-def isolated(name: str, *args) -> None:
-    """Run this module's function `name`(*args) in a fresh interpreter process."""
-    code = f"import tests.kernels.test_kvcache_guard as t; t.{name}(*{args!r})"
+def isolated(name: str, *args, module: str = "tests.kernels.test_kvcache_guard") -> None:
+    """Run `module`'s function `name`(*args) in a fresh interpreter process."""
+    code = f"import {module} as t; t.{name}(*{args!r})"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
@@ -146,8 +146,9 @@ def close(what: str, got, want, atol=4e-3, rtol=1e-2) -> None:
     assert worst <= atol, f"{what}: worst |got - want| - rtol|want| = {worst:.3g} > {atol}"
 
 
-def run_kernels(q, kc, vc, bt, seqlens, kn, vn, page, block_n=16, splits=0):
-    """The decode family's launches with no host check (as a GPU call runs them): (out, lse, flags)."""
+def run_kernels(q, kc, vc, bt, seqlens, kn, vn, page, block_n=16, splits=0, **kw):
+    """The decode family's launches with no host check (as a GPU call runs them): (out, lse, flags);
+    kw: more decode_launches arguments (cache_batch_idx, cache_leftpad)."""
     from attngen.families import decode as fd
     from attngen.interp import patch_interpreter
     from attngen.kernels.common import MaskArgs
@@ -168,7 +169,7 @@ def run_kernels(q, kc, vc, bt, seqlens, kn, vn, page, block_n=16, splits=0):
     flags = torch.zeros(fd.NUM_FLAGS, dtype=torch.int32)
     new = 0 if kn is None else kn.shape[1]
     for la in fd.decode_launches(mod, spec, q, kc, vc, out, lse, op, lp, MaskArgs(1 / math.sqrt(D), 0.0, -1, 0, False),
-                                 cfg, n, split_len, seqlens, bt, new, flags=flags, k_new=kn, v_new=vn):
+                                 cfg, n, split_len, seqlens, bt, new, flags=flags, k_new=kn, v_new=vn, **kw):
         la.run()
     return out, lse, flags
 
@@ -305,4 +306,5 @@ def test_fuzz(seed):
 def test_flag_slots():
     from attngen.families import decode as fd
 
-    assert fd.FLAG_SLOTS == {"FLAG_SEQLENS": SEQLENS, "FLAG_TABLE": TABLE, "FLAG_APPEND": APPEND}
+    assert fd.FLAG_SLOTS == {"FLAG_SEQLENS": SEQLENS, "FLAG_TABLE": TABLE, "FLAG_APPEND": APPEND,
+                             "FLAG_BATCH_IDX": 3, "FLAG_LEFTPAD": 4}  # tests/kernels/test_kvcache_api.py RANGE
