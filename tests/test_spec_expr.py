@@ -336,3 +336,17 @@ def test_build_writes_nothing_on_a_bad_expression(tmp_path):
     out = tmp_path / "out"
     assert main(["build", str(spec), "--out", str(out)]) == 2
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("text, want", [
+    ("kv_idx <= q_idx", -1), ("kv_idx < q_idx + 1", -1), ("q_idx >= kv_idx", -1),
+    ("(kv_idx <= q_idx) and ((q_idx - kv_idx) < 128)", 127), ("q_idx >= kv_idx and kv_idx > q_idx - 128", 127),
+    ("kv_idx <= q_idx and kv_idx >= q_idx", 0), ("kv_idx <= q_idx and q_idx - kv_idx < 9 and q_idx - kv_idx < 5", 4),
+    ("kv_idx <= q_idx + 1", None), ("kv_idx >= q_idx - 7", None), ("kv_idx <= q_idx or kv_idx < 3", None),
+    ("kv_idx <= q_idx and q_idx // 8 == kv_idx // 8", None), ("kv_idx <= q_idx and b == 0", None),
+    ("2 * kv_idx <= q_idx", None), ("kv_idx <= q_idx and q_idx - kv_idx < 0", None)])
+def test_builtin_mask_recognized(text, want):
+    # a mask expression that is a built-in mask (causal, a causal window) runs the built-in kernels
+    from attngen.spec.expr_terms import builtin_mask
+
+    assert builtin_mask(X.parse(text, "mask", {})) == want

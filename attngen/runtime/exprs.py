@@ -18,6 +18,7 @@ import torch
 from attngen.kernels.expr_buffers import extent, grad_buffers
 from attngen.runtime import api, trace, validate
 from attngen.spec import expr as X
+from attngen.spec.expr_terms import builtin_mask
 
 
 @dataclass(frozen=True)
@@ -113,12 +114,21 @@ def _rename(text: str, old: str, new: str) -> str:
 
 
 def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks, params, learnable=None):
-    """(opts carrying the call's ExprSpec, kernel tensors, learnable parameters). A built-in mask
-    given with a mask expression joins it (both must keep a pair: one expression)."""
+    """(opts carrying the call's ExprSpec, kernel tensors, learnable parameters). A mask expression
+    that is a built-in mask (attngen.spec.expr_terms.builtin_mask) becomes that mask; a built-in
+    mask given with another mask expression joins it (both must keep a pair: one expression)."""
     import dataclasses
 
     x, extra, learn = resolve(q, mask_mod, score_mod, sinks, params, learnable)
     check_sinks(sinks, hq)
+    if x.mask_expr and opts.mask == "none":
+        # a mask that is a built-in one (causal, a causal window) runs the built-in mask's kernels:
+        # the shipped and tuned ones, no mask expression in the loop
+        wl = builtin_mask(X.parse(x.mask_expr, "mask", {d.name: d for d in x.params}))
+        if wl is not None:
+            mask, left, right = validate.mask_kind(True, (wl, 0) if wl >= 0 else (-1, -1))
+            opts = dataclasses.replace(opts, mask=mask, window_left=left, window_right=right)
+            x = dataclasses.replace(x, mask_expr="")
     if x.mask_expr and opts.mask != "none":
         builtin = {"causal": "(kv_idx <= q_idx)",
                    "sliding_window": f"((kv_idx <= (q_idx + {opts.window_right})) and "

@@ -60,3 +60,68 @@ def exact_d(spec) -> bool:
     written to XD) and for learnable occurrences without a general index (their gradient as
     sum P dP w - sum_i D_i sum_j P w, not through the D of the rounded output)."""
     return bool(getattr(spec, "sinks", False)) or any("g" not in t.kinds for t in grad_terms(spec))
+
+
+def _offset(n) -> dict | None:
+    """n as {"q_idx": a, "kv_idx": c, "": k} (a * q_idx + c * kv_idx + k, integer coefficients),
+    or None when it is not of that form."""
+    if isinstance(n, X.Const) and isinstance(n.value, int) and not isinstance(n.value, bool):
+        return {"": n.value}
+    if isinstance(n, X.Var) and n.name in ("q_idx", "kv_idx"):
+        return {n.name: 1}
+    if isinstance(n, X.Neg):
+        a = _offset(n.a)
+        return None if a is None else {k: -v for k, v in a.items()}
+    if isinstance(n, X.Bin) and n.op in ("+", "-"):
+        a, b = _offset(n.a), _offset(n.b)
+        if a is None or b is None:
+            return None
+        sign = 1 if n.op == "+" else -1
+        return {k: a.get(k, 0) + sign * b.get(k, 0) for k in set(a) | set(b)}
+    return None
+
+
+def _key_bound(n) -> tuple | None:
+    """A comparison of kv_idx - q_idx with a constant, as ("le", r) (kv_idx - q_idx <= r) or
+    ("ge", r) (kv_idx - q_idx >= r); None for any other node."""
+    if not isinstance(n, X.Cmp) or n.op not in ("<", "<=", ">", ">="):
+        return None
+    a, b = _offset(n.a), _offset(n.b)
+    if a is None or b is None:
+        return None
+    d = {k: a.get(k, 0) - b.get(k, 0) for k in set(a) | set(b)}  # d op 0
+    c = d.get("", 0)
+    if (d.get("kv_idx", 0), d.get("q_idx", 0)) == (1, -1):  # kv - q + c op 0
+        op = n.op
+    elif (d.get("kv_idx", 0), d.get("q_idx", 0)) == (-1, 1):  # q - kv + c op 0 -> kv - q - c op' 0
+        op, c = {"<": ">", "<=": ">=", ">": "<", ">=": "<="}[n.op], -c
+    else:
+        return None
+    # kv - q op -c, integers: < r is <= r - 1, > r is >= r + 1
+    return {"<": ("le", -c - 1), "<=": ("le", -c), ">": ("ge", -c + 1), ">=": ("ge", -c)}[op]
+
+
+def builtin_mask(node) -> int | None:
+    """The built-in mask a mask tree is, as window_left: -1 for causal (kv_idx <= q_idx), w >= 0 for
+    a causal sliding window of w + 1 keys (kv_idx <= q_idx and q_idx - kv_idx <= w); None when
+    the tree is anything else (a conjunction of other terms, a parameter, b or h, ...)."""
+    terms, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, X.BoolOp) and n.op == "and":
+            stack += [n.a, n.b]
+        else:
+            terms.append(n)
+    upper, lower = None, None
+    for t in terms:
+        bound = _key_bound(t)
+        if bound is None:
+            return None
+        kind, r = bound
+        if kind == "le":
+            upper = r if upper is None else min(upper, r)
+        else:
+            lower = r if lower is None else max(lower, r)
+    if upper != 0 or (lower is not None and lower > 0):
+        return None
+    return -1 if lower is None else -lower
