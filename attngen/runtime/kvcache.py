@@ -38,8 +38,9 @@ class DecodePlan(Plan):
     """The decode launches of one key. q (B, Sq, Hq, D); caches (B, S_max, Hkv, D) or paged."""
 
     FAMILY = DECODE
-    # the rotary tables too: a kernel compiled for 16-byte aligned tables may read them vectorized
-    ALIGNED = ("Q", "K", "V", "RotaryCos", "RotarySin")
+    # the new tokens and rotary tables too: a kernel compiled for 16-byte aligned bases may read
+    # them vectorized (a later call with a misaligned slice runs the JIT path instead)
+    ALIGNED = ("Q", "K", "V", "KNew", "VNew", "RotaryCos", "RotarySin")
 
     def __init__(self, q, k_cache, v_cache, opts, cache_seqlens=None, block_table=None, new_len: int = 0,
                  num_splits: int = 0, out_layout: str = "bshd", descales=(None, None), new_kv=(None, None),

@@ -84,3 +84,26 @@ def test_cuda_graph_with_the_new_arguments():
             torch.cuda.synchronize()
             assert torch.equal(out, want), f"replay {seed} differs from eager"
             assert torch.equal(t["k_cache"], ref["k_cache"]) and torch.equal(t["v_cache"], ref["v_cache"])
+
+
+def test_misaligned_new_tokens_after_an_aligned_call():
+    # a plan compiled on 16-byte aligned new k / v must not replay its vectorized append on a later
+    # call whose new tokens are a misaligned slice (the same shapes and strides): that call takes
+    # the JIT path, and the cache holds exactly the tokens given
+    g = torch.Generator(device="cuda").manual_seed(5)
+    B, S, Hq, Hkv, D = 2, 256, 4, 2, 64
+    mk = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.float16)  # noqa: E731
+    q, kc, vc = mk(B, 1, Hq, D), mk(B, S, Hkv, D), mk(B, S, Hkv, D)
+    lens = torch.tensor([17, 100], dtype=torch.int32, device="cuda")
+    with torch.no_grad():
+        kn, vn = mk(B, 1, Hkv, D), mk(B, 1, Hkv, D)
+        attngen.attention_with_kvcache(q, kc, vc, lens, k=kn, v=vn)
+        buf_k, buf_v = mk(B * Hkv * D + 1), mk(B * Hkv * D + 1)
+        kn2 = buf_k[1:].view(B, 1, Hkv, D)  # 2 bytes past an aligned base
+        vn2 = buf_v[1:].view(B, 1, Hkv, D)
+        assert kn2.data_ptr() % 16 and kn2.stride() == kn.stride()
+        lens2 = lens + 1
+        attngen.attention_with_kvcache(q, kc, vc, lens2, k=kn2, v=vn2)
+        torch.cuda.synchronize()
+    for b in range(B):
+        assert torch.equal(kc[b, int(lens2[b])], kn2[b, 0]) and torch.equal(vc[b, int(lens2[b])], vn2[b, 0])
