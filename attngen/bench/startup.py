@@ -9,9 +9,12 @@ the compiled-kernel packs' loading and attngen's own kernel resolution (spec, mo
     probe.uninstall(); probe.phases["forward"]  # seconds and counts, below
 
 Used by benchmarks/tools/first_call.py and the pack tests (they assert ptxas and the C compiler
-never ran). Times are wall seconds summed per phase; compile, C modules and module loads are
-disjoint, and `other_s` is the rest of the phase's wall time (attngen's planning, Triton's JIT
-binding, the launches and the kernels themselves)."""
+never ran). Times are wall seconds summed per phase. The compile, the C modules, the module loads
+and the pack loading are disjoint, and `other_s` is the rest of the phase's wall time (attngen's
+planning, Triton's JIT binding, the launches and the kernels themselves). Nested in them:
+ptxas_s and the stages in the compile, c_compiler_s in the C modules, triton_key_s wherever it
+first runs (the first compile; with a pack, its loading), pack_load_s in attngen_load_module_s
+(the first module loads the packs), which is in attngen_resolve_s."""
 
 from __future__ import annotations
 
