@@ -12,12 +12,13 @@ entry's files, in name order. An entry is one folder of Triton's file cache, as 
 - kind "c_module": a shared object Triton builds from C with a C compiler: a kernel's launcher
   (`__triton_launcher`) or the driver's utilities (`cuda_utils`).
 
-Triton's keys already hold what makes a binary fit (triton_key(), the source, ptxas's version and
-the GPU architecture for kernels; the C source and the platform for C modules; the Python ABI in
-the file name), so a stale entry would never be hit. Loading still checks each entry explicitly
-(Triton version and triton_key, GPU architecture, ptxas version, the launcher's Python ABI) and
-skips a mismatch with its reason, and reads nothing but regular files with safe names, each
-checked against its sha256 and written under a temporary name, then renamed.
+Triton's keys already hold what makes a binary fit (for kernels triton_key(), the source, ptxas's
+version, the GPU architecture and the TRITON_* variables that change a compile; for C modules the
+C source and the platform, the Python ABI in the file name), so a stale entry would never be hit.
+Loading still checks each entry explicitly (Triton version and triton_key, GPU architecture, ptxas
+version, those TRITON_* variables, the launcher's Python ABI) and skips a mismatch with its
+reason, and reads nothing but regular files with safe names, each checked against its sha256 and
+written under a temporary name, then renamed.
 
 The runtime loads ATTNGEN_PACKS and the packs shipped in attngen/packs/ once, when it first loads
 a kernel module (autoload; attngen.runtime.loader), before anything can compile.
@@ -104,6 +105,14 @@ def ptxas_version(arch: int) -> str:
     return get_ptxas_version(arch).strip()
 
 
+def compile_settings() -> dict:
+    """The TRITON_* variables set in this process that change what Triton compiles (Triton's
+    get_cache_invalidating_env_vars(): debugging and dump switches, line info, ...; in its key)."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    return dict(sorted(get_cache_invalidating_env_vars().items()))
+
+
 def launcher_abi() -> dict:
     """What a C module Triton builds depends on besides its source: the Python it is built for
     (its EXT_SUFFIX is in the file name) and the platform (in its key)."""
@@ -147,6 +156,10 @@ class Environment:
     def abi(self) -> dict:
         return launcher_abi()
 
+    @functools.cached_property
+    def settings(self) -> dict:
+        return compile_settings()
+
     def ptxas(self, arch: int) -> str:
         return ptxas_version(arch)  # Triton keeps each answer
 
@@ -181,6 +194,9 @@ def mismatch(entry: dict, here: Environment) -> str | None:
     if entry.get("ptxas") != here.ptxas(arch):
         return (f"built with ptxas {_release(entry.get('ptxas'))!r}; this Triton's ptxas for sm{arch} is "
                 f"{_release(here.ptxas(arch))!r}")
+    if (entry.get("triton_settings") or {}) != here.settings:
+        return (f"compiled with Triton settings {entry.get('triton_settings') or {}}; this process has "
+                f"{here.settings}")
     return None
 
 

@@ -103,7 +103,7 @@ def collect(cache_dir: Path, kernels: dict | None = None) -> list[tuple[dict, di
     in folder order: kernels (cubin and metadata JSON; Triton's IR files stay out) and C modules
     (shared objects for this Python). `kernels`: Capture.kernels, to describe them."""
     kernels = kernels or {}
-    key = packs.triton_key_digest()
+    key, settings = packs.triton_key_digest(), packs.compile_settings()
     import triton
 
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
@@ -124,6 +124,7 @@ def collect(cache_dir: Path, kernels: dict | None = None) -> list[tuple[dict, di
             entry = {"kind": "kernel", "dir": folder.name, "name": meta["name"], "group": meta_name,
                      "files": [r for r, _ in recs], "triton_version": meta.get("triton_version"),
                      "triton_key": key, "target": meta["target"], "ptxas": packs.ptxas_version(arch),
+                     "triton_settings": settings,
                      "options": {k: meta[k] for k in ("num_warps", "num_stages", "num_ctas", "maxnreg",
                                                       "launch_pdl") if k in meta},
                      "shared_bytes": meta.get("shared"), "kernel": kernels.get(folder.name)}

@@ -152,7 +152,7 @@ def test_manifest_describes_each_entry(built):
         assert e["triton_version"] == triton.__version__ and len(e["triton_key"]) == 64, e
         assert packs.ENTRY_DIR.fullmatch(e["dir"]), e["dir"]
     assert kernel["target"] == {"backend": "cuda", "arch": 90, "warp_size": 32}, kernel["target"]
-    assert "release" in kernel["ptxas"], kernel["ptxas"]
+    assert "release" in kernel["ptxas"] and kernel["triton_settings"] == {}, kernel
     assert sorted(r["name"] for r in kernel["files"]) == ["_tiny_add.cubin", "_tiny_add.json"]
     assert kernel["group"] == "_tiny_add.json" and kernel["options"]["num_warps"] == 4, kernel
     assert kernel["kernel"] == {"function": "_tiny_add", "module": "tinymod", "uri": "test_tiny_add",
@@ -203,6 +203,7 @@ MISFITS = [  # (what is changed in the entry, the reason's words)
     ("kernel", {"target": {"backend": "cuda", "arch": 80, "warp_size": 32}}, "built for sm80"),
     ("kernel", {"ptxas": "Cuda compilation tools, release 11.0, V11.0.1"}, "release 11.0"),
     ("kernel", {"target": {"backend": "hip", "arch": "gfx942", "warp_size": 64}}, "CUDA kernels"),
+    ("kernel", {"triton_settings": {"TRITON_DISABLE_LINE_INFO": "true"}}, "TRITON_DISABLE_LINE_INFO"),
     ("c_module", {"abi": {"python": "3.9", "ext_suffix": ".cpython-39-x86_64-linux-gnu.so", "platform": "x"}},
      "python '3.9'"),
     ("c_module", {"abi": {**packs.launcher_abi(), "ext_suffix": ".abi3.so"}}, "ext_suffix '.abi3.so'"),
