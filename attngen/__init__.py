@@ -18,6 +18,7 @@ _PUBLIC = {
     "attention_with_kvcache": "attngen.runtime.public",
     "check_kvcache": "attngen.runtime.kvguard",
     "explain": "attngen.runtime.tools",
+    "load_pack": "attngen.runtime.packs",
     "load_variants": "attngen.runtime.variants",
     "warmup": "attngen.runtime.tools",
 }

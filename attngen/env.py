@@ -123,6 +123,15 @@ def tuning_db_layers() -> list[tuple[str, str]]:
     return [*layers, ("shipped", str(shipped))]
 
 
+def pack_paths() -> list[Path]:
+    """Compiled-kernel packs the runtime loads before its first kernel (attngen.runtime.packs):
+    the files ATTNGEN_PACKS names (separated by os.pathsep, `:` on Linux), then the packs shipped
+    in the package (attngen/packs/*.pack), in name order."""
+    given = [Path(p) for p in os.environ.get("ATTNGEN_PACKS", "").split(os.pathsep) if p]
+    shipped = PACKAGE_DIR / "packs"
+    return [*given, *(sorted(shipped.glob("*.pack")) if shipped.is_dir() else [])]
+
+
 def check_kvcache() -> bool:
     """ATTNGEN_CHECK_KVCACHE=1: attention_with_kvcache checks cache_seqlens and block_table values
     on the host before every launch (a device-to-host copy: for debugging; as validate=True)."""

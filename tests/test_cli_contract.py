@@ -78,6 +78,7 @@ CASES = [
     (["bench", "--plot", "{tmp}/p.png", "--from", "{tmp}/notes.json"], 2, "notes.json"),
     (["warmup", "specs/llama.yaml"], 1, "needs a CUDA GPU"),
     (["warmup", "{tmp}/bad.yaml", "--device", "cpu"], 2, "head_dims"),
+    (["warmup", "{tmp}/tiny.yaml", "--device", "cpu", "--pack", "{tmp}/x.pack"], 2, "--pack holds compiled GPU kernels"),
     (["explain", "--shape", "1,2,2,64,64,64", "--device", "cuda"], 1, "needs a CUDA GPU"),
     (["explain", "--shape", "1,2,2,64,64,64"], 0, '"device_class": "cpu"'),
     (["explain", "--shape", "1,2,2"], 2, "B,Hq,Hkv,Sq,Sk,D"),

@@ -24,12 +24,15 @@ def warmup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backward", action="store_true", help="compile the backward kernels too")
     p.add_argument("--device", default="cuda",
                    help="cuda (needs a GPU) or cpu (Triton's interpreter)")
+    p.add_argument("--pack", metavar="FILE", default=None,
+                   help="also write a compiled-kernel pack of the kernels and launchers these calls "
+                        "compile (compiled in a fresh temporary Triton cache); load it with "
+                        "ATTNGEN_PACKS=FILE or attngen.load_pack(FILE) (needs --device cuda; default: no pack)")
 
 
 def run_warmup(args: argparse.Namespace) -> int:
     import torch
 
-    from attngen.runtime.tools import warmup
     from attngen.spec import SpecError, load_specs
 
     try:
@@ -37,10 +40,43 @@ def run_warmup(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"attngen warmup: {len(exc.problems)} problem(s):\n{exc}", file=sys.stderr)
         return 2
+    if args.pack and not args.device.startswith("cuda"):
+        print(f"attngen warmup: --pack holds compiled GPU kernels; --device {args.device} runs Triton's "
+              "interpreter, which compiles none (use --device cuda)", file=sys.stderr)
+        return 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("attngen warmup: --device cuda needs a CUDA GPU, and none is visible; `--device cpu` "
               "warms Triton's interpreter instead", file=sys.stderr)
         return 1
+    if not args.pack:
+        _warm(files, args)
+        return 0
+    from attngen.runtime import packwrite
+
+    cap = packwrite.Capture()
+    try:
+        with cap:
+            rows = _warm(files, args)
+        built = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+        info = packwrite.write_pack(args.pack, cap, rows=rows, built=built)
+    finally:
+        cap.close()
+    k, c = info["kernel"], info["c_module"]
+    print(f"pack {args.pack}: {k['entries']} kernels ({k['bytes'] / 1024:.0f} KiB), {c['entries']} C modules "
+          f"({c['bytes'] / 1024:.0f} KiB); {info['pack_bytes'] / 1024:.0f} KiB compressed")
+    if not k["entries"]:
+        print("attngen warmup: the pack holds no kernel: nothing was compiled in its cache (kernels this "
+              "process had compiled before are not compiled again)", file=sys.stderr)
+    return 0
+
+
+def _warm(files, args) -> list[dict]:
+    """Warm each entry's shapes, printing a line per call; the rows without their timings."""
+    import torch
+
+    from attngen.runtime.tools import warmup
+
+    out = []
     for f in files:
         for e in f.entries:
             hq = e.num_q_heads or e.gqa_ratio
@@ -58,7 +94,8 @@ def run_warmup(args: argparse.Namespace) -> int:
                 for r in rows:
                     print(f"{e.name:<16} {dt:<5} S={r['seqlen']:<7} {r['bucket']:<20} {r['kernel']:<44} "
                           f"{r['config']}  {r['seconds']:.2f} s")
-    return 0
+                    out.append({"entry": e.name, "dtype": dt, **{k: v for k, v in r.items() if k != "seconds"}})
+    return out
 
 
 def explain_arguments(p: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@ Order: the built kernels (env.generated_dirs(): generated/, or for an installed 
 `attngen build` wrote into the user cache and then the wheel's kernels; through manifest.json, no
 jinja2 needed), then the per-user cache, rendering the module there from the templates when it is
 missing.
+The first import also loads the compiled-kernel packs (attngen.runtime.packs.autoload).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from attngen import env
+from attngen.runtime import packs
 from attngen.spec import KernelSpec
 
 _lock = threading.Lock()
@@ -63,6 +65,7 @@ def module_path(spec: KernelSpec) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _import(path: str) -> ModuleType:
+    packs.autoload()  # compiled-kernel packs into Triton's cache, once, before any kernel can compile
     name = f"attngen_kernels.{Path(path).stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
