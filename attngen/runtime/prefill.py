@@ -41,6 +41,8 @@ def _int_tensor(name: str, t, shape: tuple, device, doc: str) -> None:
         _fail(f"{name}: expected shape {shape} {doc}, got {tuple(t.shape)}")
     if t.device != device:
         _fail(f"{name}: on {t.device}, but q is on {device}")
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        _fail(f"{name}: its last dim must be contiguous (stride 1), got strides {t.stride()}")
 
 
 def check_args(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k) -> None:
@@ -64,6 +66,7 @@ def check_args(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k) -> Non
             _fail(f"{name}: the head dim must be contiguous (stride 1), got strides {t.stride()}")
     validate._cu_metadata("cu_seqlens_q", cu_q)
     seqs = cu_q.numel() - 1
+    _int_tensor("cu_seqlens_q", cu_q, (seqs + 1,), q.device, "(one entry per sequence, and one)")
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32 or block_table.dim() != 2:
         _fail(f"block_table: expected an int32 torch.Tensor ({seqs}, max_pages)")
     _int_tensor("block_table", block_table, (seqs, block_table.shape[1]), q.device,
@@ -85,14 +88,14 @@ def check_args(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k) -> Non
             _fail(f"{name}: {mx} is above the kernels' longest sequence {MAX_SEQLEN}")
 
 
-def check_cu_q(cu_q, total_q: int, max_q: int) -> None:
-    """cu_seqlens_q's values (a device-to-host copy, once per tensor and version): starts at 0,
-    ends at total_q, non-decreasing, no chunk longer than max_seqlen_q."""
+def check_cu_q(cu_q, total_q: int, max_q: int, device) -> None:
+    """cu_seqlens_q's values (a device-to-host copy, once per tensor and version): on q's device,
+    starts at 0, ends at total_q, non-decreasing, no chunk longer than max_seqlen_q."""
     key = (id(cu_q), cu_q._version, total_q, max_q)
     if getattr(cu_q, "_attngen_paged_checked", None) == key:
         return
     host = cu_q.cpu()
-    validate.check_cu_seqlens("cu_seqlens_q", cu_q, host, total_q, cu_q.device)
+    validate.check_cu_seqlens("cu_seqlens_q", cu_q, host, total_q, device)
     lens = host[1:] - host[:-1]
     if lens.numel() and int(lens.max()) > max_q:
         _fail(f"max_seqlen_q: {max_q} is below the longest chunk of queries ({int(lens.max())})")
@@ -138,7 +141,7 @@ def prefill_impl(q, k, v, cu_q, cu_k, max_q: int, max_k: int, block_table, sequs
     """(out, lse) of a checked call; the body of the custom op. cu_seqlens_q's values are checked
     on the host; the key counts and the table when they are there already (CPU tensors) or
     `validate_values` asks (a device-to-host copy; skipped while a CUDA graph is captured)."""
-    check_cu_q(cu_q, q.shape[0], max_q)
+    check_cu_q(cu_q, q.shape[0], max_q, q.device)
     if q.device.type == "cpu" or validate_values and not kvguard.capturing(q.device):
         kvguard.check_prefill_values(seqused_k, cu_k, block_table, k.shape[0], k.shape[1])
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts, cu_q.shape,

@@ -195,6 +195,8 @@ def _errors():
         ({"cu_q": lambda t: torch.tensor([0, 3, 2], dtype=torch.int32)}, r"cu_seqlens_q: must end at the packed length"),
         ({"cu_q": lambda t: torch.tensor([0, 21, 20], dtype=torch.int32)}, r"cu_seqlens_q: must be non-decreasing"),
         ({"max_q": lambda t: 10}, r"max_seqlen_q: 10 is below the longest chunk of queries \(17\)"),
+        ({"table": lambda t: t["table"].repeat(1, 2)[:, ::2]}, r"block_table: its last dim must be contiguous"),
+        ({"used": lambda t: t["used"].repeat(2)[::2]}, r"seqused_k: its last dim must be contiguous"),
         ({"v": lambda t: t["v"][:, :, :1]}, r"v: shape .* differs from k's"),
         ({"q": lambda t: t["q"][:, :3]}, r"q: 3 query heads is not a multiple of the 2 KV heads"),
         ({"kw": lambda t: {"mask_mod": lambda b, h, i, j: i >= j}}, r"mask_mod: not supported with block_table"),
