@@ -44,7 +44,7 @@ def test_every_generated_module_defines_its_familys_portable_entry_point(name):
 
 
 def test_unknown_family_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"unknown kernel family 'prefill' \(known: fwd, bwd, decode, fwd_fp8\)"):
+    with pytest.raises(ValueError, match=r"unknown kernel family 'prefill' \(known: fwd, bwd, decode, fwd_fp8, prefill_paged\)"):
         family("prefill")
 
 

@@ -288,12 +288,12 @@ def test_llama_expands_to_expected_kernels():
         "causal", None, "bottom_right", 0.0, None)
     assert (packed.name, packed.mask, packed.document_mask) == ("llama3_8b_packed", "document", "causal")
     # per entry: families x dtypes x targets, in the order the file lists them
-    combos = [f"{fam}_{dt}_hd128_gqa4_{{mask}}_{tg}" for fam in ("fwd", "bwd", "decode") for dt in ("bf16", "fp16")
-              for tg in ("sm80", "sm90")]
+    combos = [f"{fam}_{dt}_hd128_gqa4_{{mask}}_{tg}" for fam in ("fwd", "bwd", "decode", "prefill_paged")
+              for dt in ("bf16", "fp16") for tg in ("sm80", "sm90")]
     assert [k.uri for k in dense.kernel_specs()] == ["attn_" + c.format(mask="causal") for c in combos]
-    # packed documents get no decode kernels (decoding reads a KV cache)
+    # packed documents get no decode or paged prefill kernels (they read a KV cache)
     assert [k.uri for k in packed.kernel_specs()] == ["attn_" + c.format(mask="doc_causal") for c in combos
-                                                      if not c.startswith("decode")]
+                                                      if not c.startswith(("decode", "prefill_paged"))]
     assert [k.uri for k in f.kernel_specs()] == [k.uri for e in (dense, packed, fp8) for k in e.kernel_specs()]
     assert f.kernel_specs()[0] == KernelSpec(family="fwd", dtype="bf16", target="sm80", head_dim_qk=128,
                                              head_dim_v=128, gqa_ratio=4, mask="causal")
@@ -357,13 +357,14 @@ def test_defaults(tmp_path):
     f = load_entry(tmp_path, families=DROP)
     (e,) = f.entries
     assert e.causal_alignment == "bottom_right"
-    # a trainable kernel, and its decode kernel, unless the entry says otherwise
-    assert e.families == ("fwd", "bwd", "decode")
+    # a trainable kernel, and its decode and paged prefill kernels, unless the entry says otherwise
+    assert e.families == ("fwd", "bwd", "decode", "prefill_paged")
     assert (e.softcap, e.softmax_scale, e.window, e.document_mask) == (0.0, None, None, None)
     assert f.model is None
-    fwd, bwd, dec = f.kernel_specs()
+    fwd, bwd, dec, pre = f.kernel_specs()
     assert (fwd.family, fwd.softcap, fwd.varlen) == ("fwd", False, False)
     assert bwd == fwd.replace(family="bwd") and dec == fwd.replace(family="decode")
+    assert pre == fwd.replace(family="prefill_paged")
 
 
 def test_null_means_left_out(tmp_path):
@@ -390,7 +391,7 @@ def test_fp8_entries(tmp_path):
                                                          families=DROP)]})
     specs = load_spec(path).entries[1].kernel_specs()
     assert [(s.family, s.dtype) for s in specs] == [("fwd", "bf16"), ("fwd_fp8", "fp8_e4m3"), ("bwd", "bf16"),
-                                                    ("decode", "bf16")]
+                                                    ("decode", "bf16"), ("prefill_paged", "bf16")]
     assert specs[1].uri == "attn_fwd_fp8_e4m3_hd128_gqa4_causal_sm90"
     path = write_spec(tmp_path, {"kernels": [GOOD, entry(name="f8", dtypes=["fp8_e4m3"], targets=["sm80", "sm90"],
                                                          families=["fwd", "decode"])]})

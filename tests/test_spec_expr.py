@@ -177,6 +177,18 @@ def test_gpt_oss_20b():
     assert all(k.sinks and k.mask == "causal" for k in full.kernel_specs())
 
 
+def test_paged_prefill_takes_no_expressions(tmp_path):
+    """A default family list leaves prefill_paged out of an entry with expressions or sinks (the
+    other families stay); naming it there is an error on the families field."""
+    e = load_entry(tmp_path, mask="chunked", chunk=64, families=None)
+    assert "prefill_paged" in e.families and {k.family for k in e.kernel_specs()} == {"fwd", "bwd", "decode"}
+    assert "prefill_paged" in {k.family for k in load_entry(tmp_path, families=None).kernel_specs()}
+    path, problems = problems_of(tmp_path, entry(name="x", sinks="learned", families=["fwd", "prefill_paged"]))
+    assert problems == [f"{path}: kernel 'x' (entry 1): field 'families': prefill_paged: the paged prefill kernels "
+                        "take no expressions or sinks yet (mask, score_mod, sinks); leave it out of this entry's "
+                        "families"]
+
+
 def test_llama4_scout():
     chunked, glob = load_spec(SPECS_DIR / "llama4_scout.yaml").entries
     assert chunked.mask == "none" and chunked.gqa_ratio == 5 and chunked.head_dim_qk == 128

@@ -97,3 +97,19 @@ def pick(arg: str | None, table: dict, what: str) -> list:
     if unknown:
         raise ValueError(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(table)})")
     return [table[n] for n in names]
+
+
+def mode_selection(args, cases, providers, mode: str, fail):
+    """The cases and providers (None: all) a bf16 bench mode (decode, prefill-paged) is asked for by
+    --cases / --providers / --dtype, or the exit code fail(message, code) gives a bad argument (2)
+    or a machine without a GPU (1)."""
+    try:
+        picked = pick(args.cases, {c.name: c for c in cases}, "case")
+        chosen = pick(args.providers, {n: n for n in providers}, "provider") if args.providers else None
+    except ValueError as exc:
+        return fail(str(exc), 2)
+    if args.dtype != "bf16":
+        return fail(f"{mode} rows are bf16 (--dtype bf16)", 2)
+    if not torch.cuda.is_available():
+        return fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
+    return picked, chosen

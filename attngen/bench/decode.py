@@ -183,17 +183,12 @@ def main_args(args) -> int:
             return _fail("--from only redraws a results file: give --plot FILE.png too", 2)
         with open(args.from_json) as f:
             return _plot(json.load(f), args.plot)
-    from attngen.bench.cases import pick
+    from attngen.bench.cases import mode_selection
 
-    try:
-        cases = pick(args.cases, {c.name: c for c in CASES}, "case")
-        providers = pick(args.providers, {n: n for n in PROVIDERS}, "provider") if args.providers else None
-    except ValueError as exc:
-        return _fail(str(exc), 2)
-    if args.dtype != "bf16":
-        return _fail("decode rows are bf16 (--dtype bf16)", 2)
-    if not torch.cuda.is_available():
-        return _fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
+    chosen = mode_selection(args, CASES, PROVIDERS, "decode", _fail)
+    if isinstance(chosen, int):
+        return chosen
+    cases, providers = chosen
     res = run(cases, quick=args.quick, providers=providers, out=args.out)
     if args.out:
         print(f"wrote {args.out}")

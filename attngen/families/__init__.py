@@ -11,10 +11,10 @@ from attngen import env as _env
 _env.setup_interpreter()  # before fwd / bwd import triton
 
 from attngen import spec as _spec  # noqa: E402
-from attngen.families import bwd, decode, fwd, fwd_fp8  # noqa: E402
+from attngen.families import bwd, decode, fwd, fwd_fp8, prefill_paged  # noqa: E402
 from attngen.families.base import Family  # noqa: E402
 
-FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode, fwd_fp8)}
+FAMILIES: dict[str, Family] = {m.FAMILY.name: m.FAMILY for m in (fwd, bwd, decode, fwd_fp8, prefill_paged)}
 assert set(FAMILIES) == set(_spec.FAMILIES), "spec.FAMILIES and attngen.families disagree"
 
 

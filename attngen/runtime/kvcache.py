@@ -196,6 +196,9 @@ def check_args(q, k_cache, v_cache, cache_seqlens, k, v, block_table, k_descale=
             _fail(f"block_table: expected shape ({B}, max_pages), got {tuple(block_table.shape)}")
         if block_table.device != q.device:
             _fail(f"block_table: on {block_table.device}, but q is on {q.device}")
+        if block_table.shape[1] > 1 and block_table.stride(1) != 1:  # the kernels step rows only
+            _fail(f"block_table: its entries must be contiguous within a row (stride 1), got strides "
+                  f"{block_table.stride()}")
         if s_c % 16:
             _fail(f"k_cache: page size {s_c} is not a multiple of 16")
         if k_cache.shape[0] == 0:
@@ -244,6 +247,8 @@ def _check_rows_vector(name: str, t, B: int, device) -> None:
         _fail(f"{name}: expected shape ({B},), got {tuple(t.shape)}")
     if t.device != device:
         _fail(f"{name}: on {t.device}, but q is on {device}")
+    if B > 1 and t.stride(0) != 1:  # the kernels read entry b at the base + b
+        _fail(f"{name}: must be contiguous (stride 1), got stride {t.stride(0)}")
 
 
 def check_rotary(q, cos, sin, interleaved, new_kv: bool, new_len: int, capacity: int) -> None:

@@ -1,11 +1,13 @@
-"""KV-cache metadata out of range: what attention_with_kvcache checks, and where (docs/decode.md,
-"Metadata out of range").
+"""KV-cache metadata out of range: what attention_with_kvcache, and attention_varlen on a paged
+cache, check, and where (docs/decode.md, "Metadata out of range").
 
 The decode kernels never read or write outside the caches, whatever `cache_seqlens`,
 `block_table`, `cache_batch_idx` and `cache_leftpad` hold (templates/attn_decode.py.jinja): a
 row's keys are clamped to the cache's capacity, a page index outside [0, num_pages) is never
 followed, a new token with no room is not written, a cache row outside the cache is never read
-or written, a left pad is clamped into [0, cache_seqlens]. What the caller is told:
+or written, a left pad is clamped into [0, cache_seqlens]. The paged prefill kernel
+(templates/attn_prefill_paged.py.jinja) does the same with the key counts of `seqused_k` /
+`cu_seqlens_k`. What the caller is told:
 
 * metadata on the CPU (Triton's interpreter) is checked here before the launch: a ValueError
   naming the argument, the row and the value, and nothing written;
@@ -22,7 +24,12 @@ from __future__ import annotations
 
 import torch
 
-from attngen.families.decode import FLAG_SLOTS, NUM_FLAGS
+from attngen.families.decode import FLAG_SLOTS as DECODE_SLOTS
+from attngen.families.decode import NUM_FLAGS
+from attngen.families.prefill_paged import FLAG_SLOTS as PREFILL_SLOTS
+
+# every slot either family's kernels write (FLAG_TABLE is shared: a page index outside the pool)
+FLAG_SLOTS = {**DECODE_SLOTS, **PREFILL_SLOTS}
 
 _FLAGS: dict[torch.device, torch.Tensor] = {}
 
@@ -38,6 +45,9 @@ _MEANING = {
                       "was read or written for it (its output is zeros, its lse -inf)",
     "FLAG_LEFTPAD": "cache_leftpad: row {row} is below 0 or above the row's cache_seqlens; the kernel clamped it "
                     "into [0, cache_seqlens]",
+    "FLAG_KEYS": "seqused_k (or cu_seqlens_k without it): sequence {row} of attention_varlen on a paged cache has "
+                 "a key count below 0 or above its block_table row's capacity (max_pages x page_size); the kernel "
+                 "clamped it into the row",
 }
 
 
@@ -63,9 +73,9 @@ def flags(device) -> torch.Tensor:
 
 def check_kvcache(device=None) -> None:
     """Raise a ValueError naming the argument (`cache_seqlens`, `block_table`, `cache_batch_idx`,
-    `cache_leftpad`) and a row if an
-    attention_with_kvcache call since the last check had metadata out of range, and clear the
-    record. Reads the flag of `device` (a torch.device or str; None: every device a call ran on):
+    `cache_leftpad`, `seqused_k`) and a row if an attention_with_kvcache call, or an
+    attention_varlen call on a paged cache, since the last check had metadata out of range, and
+    clear the record. Reads the flag of `device` (a torch.device or str; None: every device a call ran on):
     a device-to-host copy, so call it where a sync is cheap (after a step, in a test, in debug
     builds), not inside a captured CUDA graph."""
     devices = list(_FLAGS) if device is None else [_device(device)]
@@ -106,8 +116,12 @@ def check_values(cache_seqlens, block_table, new_len: int, capacity: int, num_pa
             else:
                 room = f"{capacity} (the cache's S_max)"
             raise ValueError(f"cache_seqlens: row {row} holds {what}; must be from 0 to a row's capacity {room}")
-        if block_table is not None and block_table.numel():
-            _check_table(block_table.cpu().long(), lens, new_len, num_pages, page_size)
+        bad = None if block_table is None else _bad_entry(block_table, lens + new_len, num_pages, page_size)
+        if bad is not None:
+            row, col, value = bad
+            raise ValueError(f"block_table: row {row}, entry {col} is {value}, a page the row uses "
+                             f"(cache_seqlens {int(lens[row])} + {new_len} new keys); pages are 0 to "
+                             f"{num_pages - 1} (k_cache holds {num_pages})")
     if cache_batch_idx is not None:
         rows = cache_batch_idx.cpu().long()
         bad = ((rows < 0) | (rows >= cache_rows)).nonzero()
@@ -125,11 +139,40 @@ def check_values(cache_seqlens, block_table, new_len: int, capacity: int, num_pa
                              f"{'cache_seqlens' if cache_seqlens is not None else 'S_max'} {int(top[row])}")
 
 
-def _check_table(table, lens, new_len: int, num_pages: int, page_size: int) -> None:
-    used = torch.arange(table.shape[1])[None, :] < ((lens + new_len + page_size - 1) // page_size)[:, None]
+def _bad_entry(block_table, keys, num_pages: int, page_size: int):
+    """(row, entry, value) of the first block-table entry outside [0, num_pages) among the pages
+    each row uses (its first ceil(keys / page_size)), or None."""
+    if not block_table.numel():
+        return None
+    table = block_table.cpu().long()
+    used = torch.arange(table.shape[1])[None, :] < ((keys + page_size - 1) // page_size)[:, None]
     bad = (used & ((table < 0) | (table >= num_pages))).nonzero()
+    if not bad.numel():
+        return None
+    row, col = (int(x) for x in bad[0])
+    return row, col, int(table[row, col])
+
+
+def check_prefill_values(seqused_k, cu_seqlens_k, block_table, num_pages: int, page_size: int) -> None:
+    """Host check of attention_varlen's paged metadata (a device-to-host copy for GPU tensors):
+    each sequence's key count -- seqused_k[b], else cu_seqlens_k[b + 1] - cu_seqlens_k[b] -- in
+    [0, capacity] (max_pages x page_size), and every block-table entry of a page it uses in
+    [0, num_pages). Raises a ValueError naming the argument, the sequence and the value."""
+    capacity = block_table.shape[1] * page_size
+    if seqused_k is not None:
+        name, keys = "seqused_k", seqused_k.cpu().long()
+    else:
+        cu = cu_seqlens_k.cpu().long()
+        name, keys = "cu_seqlens_k", cu[1:] - cu[:-1]
+    bad = ((keys < 0) | (keys > capacity)).nonzero()
     if bad.numel():
-        row, col = (int(x) for x in bad[0])
-        raise ValueError(f"block_table: row {row}, entry {col} is {int(table[row, col])}, a page the row uses "
-                         f"(cache_seqlens {int(lens[row])} + {new_len} new keys); pages are 0 to {num_pages - 1} "
-                         f"(k_cache holds {num_pages})")
+        b = int(bad[0])
+        what = f"entry {b} is {int(keys[b])}" if seqused_k is not None else (
+            f"sequence {b} has {int(keys[b])} keys (entries {b}, {b + 1}: {int(cu[b])}, {int(cu[b + 1])})")
+        raise ValueError(f"{name}: {what}; a sequence's keys must be from 0 to its capacity {capacity} "
+                         f"({block_table.shape[1]} pages of {page_size} in block_table)")
+    bad = _bad_entry(block_table, keys, num_pages, page_size)
+    if bad is not None:
+        row, col, value = bad
+        raise ValueError(f"block_table: row {row}, entry {col} is {value}, a page the sequence uses "
+                         f"({int(keys[row])} keys); pages are 0 to {num_pages - 1} (k holds {num_pages})")

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from attngen.families.decode import Rotary
-from attngen.runtime import api, fp8, kvcache, validate
+from attngen.runtime import api, fp8, kvcache, prefill, validate
 
 
 def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "validate.Options":
@@ -99,6 +99,27 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opt
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
                     opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale,
                     validate, *indices, cos, sin, interleaved)
+
+
+@torch.library.custom_op("attngen::attention_prefill_paged", mutates_args=())
+def _prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+             cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, block_table: torch.Tensor,
+             seqused_k: Optional[torch.Tensor], scale: float, softcap: float, window_left: int, window_right: int,
+             mask: str, top_left: bool, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    opts = _opts(scale, softcap, window_left, window_right, mask, top_left, "packed")
+    return prefill.prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
+                                seqused_k, opts, validate)
+
+
+@_prefill.register_fake
+def _prefill_fake(q, k, v, *args):
+    return q.new_empty(q.shape[0], q.shape[1], v.shape[3]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
+
+
+def attention_prefill_paged(q, k, v, cu_q, cu_k, max_q: int, max_k: int, block_table, seqused_k, opts,
+                            validate: bool = False):
+    return _prefill(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, opts.scale, opts.softcap,
+                    opts.window_left, opts.window_right, opts.mask, opts.top_left, validate)
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

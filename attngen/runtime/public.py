@@ -16,7 +16,7 @@ import torch
 
 from attngen import env
 from attngen.families.decode import MAX_SPLITS, Rotary
-from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, validate, variants
+from attngen.runtime import api, dispatch, expr_ops, exprs, fp8, kvcache, ops, prefill, validate, variants
 from attngen.runtime.validate import make_options
 
 
@@ -149,13 +149,34 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      causal=False, window_size=(-1, -1), softcap=0.0, scale=None,
                      return_lse=False, deterministic=False, causal_alignment="bottom_right",
                      precision=None, rotate=True, mask_mod=None, score_mod=None, sinks=None, params=None,
-                     variant=None):
+                     variant=None, block_table=None, seqused_k=None):
     """Attention over packed documents: q (total_q, Hq, D), k/v (total_k, Hkv, D), cu_seqlens int32
     (num_docs + 1) as flash-attn. No token attends across a document boundary, and key blocks of
     other documents are never scheduled. Returns out (total_q, Hq, Dv), with return_lse also the
     fp32 logsumexp (Hq, total_q). Differentiable (precision="fp8": inference only, as attention()).
     mask_mod / score_mod / sinks / params as attention()'s, inside each document (b is the
-    document, q_idx / kv_idx its own positions); variant as attention()'s."""
+    document, q_idx / kv_idx its own positions); variant as attention()'s.
+
+    Chunked prefill on a paged KV cache (flash-attn's varlen call with a block table; inference
+    only, docs/serving.md): k / v (num_pages, page_size, Hkv, D), page_size a multiple of 16, and
+    block_table (B, max_pages) int32: key j of sequence b is in page block_table[b, j // page_size].
+    Sequence b's keys are its first seqused_k[b] (int32 (B,)) positions, else cu_seqlens_k[b + 1] -
+    cu_seqlens_k[b]; its queries (any number) sit at its last positions (causal and windows
+    bottom-right, unless causal_alignment="top_left"). Metadata out of range is never followed
+    outside the cache (docs/decode.md, "Metadata out of range"; attngen.check_kvcache())."""
+    if block_table is not None or seqused_k is not None:
+        opts, check = prefill.prepare(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, seqused_k, causal,
+            window_size, softcap, scale, causal_alignment, {"precision": precision, "mask_mod": mask_mod,
+                                                            "score_mod": score_mod, "sinks": sinks,
+                                                            "params": params, "variant": variant})
+        if torch.compiler.is_compiling():
+            out, lse = ops.attention_prefill_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                   block_table, seqused_k, opts, check)
+        else:
+            out, lse = prefill.prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                            block_table, seqused_k, opts, check)
+        return (out, lse) if return_lse else out
     validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if variant is not None:
         causal, window_size, softcap, scale, mask_mod, score_mod = _variant(

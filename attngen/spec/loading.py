@@ -44,10 +44,12 @@ _ENTRY_FIELDS = {
     "softmax_scale": "softmax scale, null = 1/sqrt(head_dim_qk)",
     "dtypes": "fp16 | bf16 | fp8_e4m3, or a list (fp8_e4m3: sm90 only, forward only: inference kernels with fp8 operands)",
     "targets": "sm80 | sm90, or a list",
-    "families": "fwd | bwd | decode, or a list (decode: split-KV kernels for short queries on a KV cache; document entries get none)",
+    "families": "fwd | bwd | decode | prefill_paged, or a list (decode: split-KV kernels for short queries on a KV "
+                "cache; prefill_paged: chunked prefill on a paged KV cache, for entries without expressions or sinks; "
+                "document entries get neither)",
 }
 _TOP_FIELDS = ("model", "description", "kernels")
-DEFAULT_FAMILIES = ("fwd", "bwd", "decode")
+DEFAULT_FAMILIES = ("fwd", "bwd", "decode", "prefill_paged")
 
 
 class _Entry:
@@ -215,6 +217,10 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
             e.bad("families", f"{', '.join(no_fp8)}: fp8_e4m3 kernels are forward-only (inference); "
                   "give fp8_e4m3 an entry of its own with families: fwd (or leave families out)")
     x = entry_expressions(e, mask, softcap, dtypes, sink_window)
+    if x is not None and "families" in raw and families and "prefill_paged" in families and (
+            x.mask_expr or x.score_expr or x.sinks):
+        e.bad("families", "prefill_paged: the paged prefill kernels take no expressions or sinks yet (mask, "
+                          "score_mod, sinks); leave it out of this entry's families")
     if x is not None and x.window is not None:
         window = x.window  # a named mask that is the built-in sliding window (gpt_oss_swa)
     if len(problems) > start:

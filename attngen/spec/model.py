@@ -16,10 +16,13 @@ INNER_MASKS = ("none", "causal", "sliding_window")  # what a KernelSpec's mask c
 ALIGNMENTS = ("bottom_right", "top_left")
 DTYPES = ("fp16", "bf16", "fp8_e4m3")
 TARGETS = ("sm80", "sm90")
-# kernel families; a spec file's `families:` names the first three, fp8_e4m3 entries get fwd_fp8
-# (the forward with fp8 operands, attngen.families.fwd_fp8) for their "fwd"
-FAMILIES = ("fwd", "bwd", "decode", "fwd_fp8")
-ENTRY_FAMILIES = ("fwd", "bwd", "decode")
+# kernel families; a spec file's `families:` names ENTRY_FAMILIES, fp8_e4m3 entries get fwd_fp8
+# (the forward with fp8 operands, attngen.families.fwd_fp8) for their "fwd"; prefill_paged
+# (chunked prefill on a paged KV cache) goes, like decode, to entries that are no packed-document
+# entry, and only to those without expressions or sinks
+FAMILIES = ("fwd", "bwd", "decode", "fwd_fp8", "prefill_paged")
+ENTRY_FAMILIES = ("fwd", "bwd", "decode", "prefill_paged")
+CACHE_FAMILIES = ("decode", "prefill_paged")  # the families that read a KV cache, never packed documents
 FP8_FAMILIES = {"fwd": "fwd_fp8"}  # what an fp8_e4m3 entry's family becomes (the others have none)
 IMPLEMENTED_DTYPES = DTYPES
 MAX_HEAD_DIM = 256
@@ -40,7 +43,7 @@ class SpecError(ValueError):
 class KernelSpec:
     """One concrete kernel. Equal specs generate byte-identical code."""
 
-    family: str  # "fwd" | "bwd" | "decode" | "fwd_fp8"
+    family: str  # "fwd" | "bwd" | "decode" | "fwd_fp8" | "prefill_paged"
     dtype: str  # "fp16" | "bf16" | "fp8_e4m3"
     target: str  # "sm80" | "sm90"
     head_dim_qk: int
@@ -154,8 +157,10 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
     p = []
     if k.family not in FAMILIES:
         p.append(f"family must be one of {FAMILIES}, got {k.family!r}")
-    if k.family == "decode" and k.varlen:
-        p.append("decode kernels read a KV cache, not packed documents (varlen)")
+    if k.family in CACHE_FAMILIES and k.varlen:
+        p.append(f"{k.family} kernels read a KV cache, not packed documents (varlen)")
+    if k.family == "prefill_paged" and k.has_expr:
+        p.append("prefill_paged kernels take no expressions or sinks yet")
     if k.dtype not in DTYPES:
         p.append(f"dtype must be one of {DTYPES}, got {k.dtype!r}")
     if k.target not in TARGETS:
@@ -228,8 +233,10 @@ class SpecEntry:
         inner = self.document_mask if self.mask == "document" else self.mask
         out = []
         for family in self.families:
-            if family == "decode" and self.mask == "document":
-                continue  # decoding reads a KV cache, never packed documents
+            if family in CACHE_FAMILIES and self.mask == "document":
+                continue  # decoding and paged prefill read a KV cache, never packed documents
+            if family == "prefill_paged" and (self.mask_expr or self.score_expr or self.sinks):
+                continue  # no expressions in the paged prefill kernels yet (loading rejects asking for it)
             for dtype in self.dtypes:
                 kind = FP8_FAMILIES.get(family) if dtype == "fp8_e4m3" else family
                 if kind is None:

@@ -404,3 +404,17 @@ def range_cases() -> None:
 
 def test_metadata_out_of_range():
     isolated("range_cases", module="tests.kernels.test_kvcache_api")
+
+
+def test_strided_metadata_is_refused():
+    # the kernels read cache_seqlens[b] at the base + b and a block-table row's entries one after
+    # another: a strided view would read other values, so it is an error naming the argument
+    q = torch.randn(2, 1, 4, 32, dtype=torch.float16)
+    kc = torch.randn(2, 64, 2, 32, dtype=torch.float16)
+    lens = torch.tensor([3, 0, 5, 0], dtype=torch.int32)[::2]
+    with pytest.raises(ValueError, match="cache_seqlens: must be contiguous"):
+        attngen.attention_with_kvcache(q, kc, kc.clone(), lens)
+    kp = torch.randn(8, 16, 2, 32, dtype=torch.float16)
+    table = torch.arange(8, dtype=torch.int32).reshape(4, 2).t()  # (2, 4), entries strided
+    with pytest.raises(ValueError, match="block_table: its entries must be contiguous"):
+        attngen.attention_with_kvcache(q, kp, kp.clone(), torch.tensor([3, 5], dtype=torch.int32), block_table=table)

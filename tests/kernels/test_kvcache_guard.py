@@ -48,7 +48,7 @@ CASES = {
 
 
 def isolated(name: str, *args, module: str = "tests.kernels.test_kvcache_guard") -> None:
-    """Run `module`'s function `name`(*args) in a fresh interpreter process."""
+    """Run `module`'s (this one's) function `name`(*args) in a fresh interpreter process."""
     code = f"import {module} as t; t.{name}(*{args!r})"
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
@@ -209,18 +209,21 @@ def case_kernels(name: str) -> None:
     close(f"{name} lse", lse, l64)
 
 
-def cases(kind: str) -> None:
-    """Every case of CASES through case_<kind> (one process: the imports are most of a case's
-    time); the failures together."""
+def run_all(names, fn) -> None:
+    """fn(name) for every name (one process: the imports are most of a case's time); the failures
+    together."""
     failed = []
-    for name in CASES:
-        if kind == "kernels" and not CASES[name][6]:
-            continue
+    for name in names:
         try:
-            globals()["case_" + kind](name)
+            fn(name)
         except Exception as e:  # noqa: BLE001 - each case's failure is reported
             failed.append(f"{name}: {type(e).__name__}: {e}")
     assert not failed, "\n".join(failed)
+
+
+def cases(kind: str) -> None:
+    """Every case of CASES through case_<kind> (the kernels: those that flag something)."""
+    run_all([n for n in CASES if kind != "kernels" or CASES[n][6]], globals()["case_" + kind])
 
 
 @pytest.mark.parametrize("kind", ["public", "kernels"])

@@ -29,7 +29,7 @@ def test_default_buckets_per_entry():
 def test_plan_filters_by_profile_family_and_glob():
     targets = plan(TuneOptions(device="h100", specs=[str(SPECS)]))
     assert targets and all(t.spec.target == "sm90" and t.device_class == "h100" for t in targets)
-    assert {t.spec.family for t in targets} == {"fwd", "bwd", "decode", "fwd_fp8"}
+    assert {t.spec.family for t in targets} == {"fwd", "bwd", "decode", "fwd_fp8", "prefill_paged"}
     # the decode family tunes on decode buckets (one query token), the others never do
     assert all(t.bucket.decode == (t.spec.family == "decode") for t in targets)
     assert not any(t.spec.uri.endswith("hd80_gqa2_full_sm80") for t in targets)  # encoder: sm80 only
