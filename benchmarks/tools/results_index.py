@@ -68,7 +68,7 @@ def citations() -> dict[Path, dict[str, list[str]]]:
         for p in REPO.glob(pattern):
             if not any(p.is_relative_to(folder) for folder in FOLDERS):
                 texts[rel(p)] = p.read_text(errors="ignore")
-    tokens = re.compile(r"[\w.*…{},-]*(?:h200|cpu|gpu|fp8)_[\w.*…{},-]+")
+    tokens = re.compile(r"[\w.*…{},-]*(?:h200|h100|cpu|gpu|fp8)_[\w.*…{},-]+")
     pats = set()
     for doc, text in texts.items():
         for tok in tokens.findall(text):
