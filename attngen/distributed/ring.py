@@ -1,0 +1,252 @@
+"""attngen as the per-step attention of PyTorch's ring.
+
+PyTorch's context parallelism (torch.distributed.tensor.experimental, module
+_context_parallel/_attention.py, the same in torch 2.11 and 2.13) runs SDPA through
+`_templated_ring_attention(group, seq_dim, op, query, key, value, is_causal, **kwargs)` and
+`_templated_ring_attention_backward(group, seq_dim, op, grad_out, grad_out_name, query, key,
+value, out, logsumexp, is_causal, **kwargs)`: they move the K/V shards around the group (one
+all-gather, or an all-to-all a step: torch's `set_rotate_method`), merge each step's (out, lse) in
+fp32, and in the backward send dK/dV (fp32) on to their owners. `op` is any attention returning
+(out, lse) / (dq, dk, dv). attngen passes its own op, called once a step in step order with all
+of the local queries and all of the step's keys (is_causal=False, torch's own load-balance
+switch off for the call); the op knows the step from its count and runs the calls of
+attngen.distributed.plan, which know the global positions and so the exact mask.
+
+The backward of each call takes the FINAL out and lse (the ring's merged ones), as ring attention
+does: P = exp(S - lse) is then the global softmax and D = rowsum(dO * O) the global one, so each
+step's dQ / dK / dV is its exact share of the gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+
+import torch
+
+import attngen
+from attngen.distributed.expr import Offsets
+from attngen.distributed.plan import Mask, step_calls
+from attngen.runtime import api, validate
+from attngen.runtime import exprs as rexprs
+
+# the merge of torch's ring turns a running lse of -inf (a row that saw nothing on the first
+# step, possible only under a mask expression) into NaN; such rows get this lse instead
+# (exp(-200) is 0 in fp32 next to any real row) and -inf again at the end
+EMPTY_LSE = -200.0
+
+_NEED = {
+    "_templated_ring_attention": ("group", "seq_dim", "op", "query", "key", "value", "is_causal"),
+    "_templated_ring_attention_backward": ("group", "seq_dim", "op", "grad_out", "grad_out_name", "query",
+                                           "key", "value", "out", "logsumexp", "is_causal"),
+}
+_ENGINE = None
+
+
+def engine():
+    """torch's context-parallel module, its ring functions checked by signature."""
+    global _ENGINE
+    if _ENGINE is not None:
+        return _ENGINE
+    try:
+        from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    except ImportError as e:
+        raise RuntimeError(f"attngen.distributed runs on torch's context parallelism (torch 2.11 to 2.13), which "
+                           f"torch {torch.__version__} lacks: {e}") from None
+    for name, params in _NEED.items():
+        fn = getattr(cp, name, None)
+        got = tuple(inspect.signature(fn).parameters)[:len(params)] if fn is not None else ()
+        if got != params:
+            raise RuntimeError(f"attngen.distributed: torch {torch.__version__}'s {name} is not the one it was written "
+                               f"for (parameters {params}, found {got or 'no such function'})")
+    for field in ("enable_load_balance", "convert_to_f32", "rotate_method"):
+        if not hasattr(cp._cp_options, field):
+            raise RuntimeError(f"attngen.distributed: torch {torch.__version__}'s _cp_options has no {field}")
+    _ENGINE = cp
+    return cp
+
+
+@contextlib.contextmanager
+def _torch_options(cp, rotate):
+    """torch's global CP options for one call of its ring (restored after)."""
+    o = cp._cp_options
+    saved = (o.enable_load_balance, o.convert_to_f32, o.rotate_method)
+    o.enable_load_balance, o.convert_to_f32 = False, True
+    if rotate is not None:
+        o.rotate_method = {"allgather": cp._RotateMethod.ALL_GATHER, "alltoall": cp._RotateMethod.ALL_TO_ALL}[rotate]
+    try:
+        yield
+    finally:
+        o.enable_load_balance, o.convert_to_f32, o.rotate_method = saved
+
+
+def _merge(out, lse, rows, o, l):
+    """LSE-merge the partial (o, l) into the fp32 out / lse at `rows`, in place (rows empty in
+    both stay 0 / -inf)."""
+    r0, r1 = rows
+    lo = lse[:, :, r0:r1]
+    m = torch.maximum(lo, l)
+    m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
+    w1, w2 = torch.exp(lo - m), torch.exp(l - m)
+    s = w1 + w2
+    out[:, :, r0:r1] = (out[:, :, r0:r1] * w1[..., None] + o.float() * w2[..., None]) / torch.where(s > 0, s, 1.0)[..., None]
+    lse[:, :, r0:r1] = torch.where(s > 0, m + torch.log(s), float("-inf"))
+
+
+def _pack(x, rows):
+    """(B, H, S, D)[:, :, rows] as packed documents (B * n, H, D)."""
+    part = x[:, :, rows[0]:rows[1]]
+    return part.permute(0, 2, 1, 3).reshape(-1, x.shape[1], x.shape[3])
+
+
+def _unpack(x, batch):
+    return x.reshape(batch, -1, x.shape[1], x.shape[2]).permute(0, 2, 1, 3)
+
+
+class Ring:
+    """One context-parallel attention: the group, the global geometry and the per-call options."""
+
+    def __init__(self, group, rank: int, world: int, seqlen: int, load_balance, mask: Mask, softcap: float,
+                 scale, deterministic: bool, rotate, mask_text=None, score_text=None, params=None, used=()):
+        self.group, self.rank, self.world, self.seqlen = group, rank, world, seqlen
+        self.load_balance, self.mask, self.rotate = load_balance, mask, rotate
+        self.softcap, self.scale, self.deterministic = softcap, scale, deterministic
+        self.mask_text, self.score_text, self.params, self.used = mask_text, score_text, params or {}, set(used)
+        self.has_expr = mask_text is not None or score_text is not None
+        self.offsets = Offsets()
+        self._cu: dict = {}
+
+    def calls(self, step: int):
+        return step_calls(self.seqlen, self.world, self.rank, step, self.load_balance, self.mask)
+
+    # ------------------------------------------------------------------ one call
+    def _expr_kw(self, call, device) -> dict:
+        if not self.has_expr:
+            return {}
+        params = {**self.params, **self.offsets.params(self.used, call.origin, self.seqlen, device)}
+        return {"mask_mod": self.mask_text, "score_mod": self.score_text, "params": params}
+
+    def _cu_of(self, call, batch: int, device):
+        key = (call.cu, batch, device)
+        if key not in self._cu:
+            n = call.rows[1] - call.rows[0]
+            bounds = [0] + [b * n + x for b in range(batch) for x in call.cu[1:]]
+            self._cu[key] = (torch.tensor(bounds, dtype=torch.int32, device=device),
+                             max(y - x for x, y in zip(call.cu, call.cu[1:])))
+        return self._cu[key]
+
+    def call_forward(self, call, q, k, v):
+        kw = dict(causal=call.causal, window_size=call.window, softcap=self.softcap, scale=self.scale,
+                  causal_alignment="top_left", return_lse=True)
+        if call.cu is not None:
+            cu, mx = self._cu_of(call, q.shape[0], q.device)
+            o, l = attngen.attention_varlen(_pack(q, call.rows), _pack(k, call.cols), _pack(v, call.cols), cu, cu,
+                                            mx, mx, **kw)
+            return _unpack(o, q.shape[0]), l.reshape(l.shape[0], q.shape[0], -1).permute(1, 0, 2)
+        qs, ks, vs = q[:, :, call.rows[0]:call.rows[1]], k[:, :, call.cols[0]:call.cols[1]], v[:, :, call.cols[0]:call.cols[1]]
+        return attngen.attention(qs, ks, vs, **kw, **self._expr_kw(call, q.device))
+
+    def call_backward(self, call, q, k, v, out, dout, lse):
+        r, c = slice(*call.rows), slice(*call.cols)
+        layout = "packed" if call.cu is not None else "bhsd"
+        opts = validate.make_options(q.shape[-1], call.causal, call.window, self.softcap, self.scale, "top_left",
+                                     layout)
+        if call.cu is not None:
+            cu, mx = self._cu_of(call, q.shape[0], q.device)
+            lse_p = lse[:, :, r].permute(1, 0, 2).reshape(lse.shape[1], -1).contiguous()
+            g = api.backward_impl(_pack(dout, call.rows), _pack(q, call.rows), _pack(k, call.cols),
+                                  _pack(v, call.cols), _pack(out, call.rows), lse_p, opts, self.deterministic,
+                                  cu, cu, mx, mx)
+            return tuple(_unpack(x, q.shape[0]) for x in g)
+        qs, ks, vs = q[:, :, r], k[:, :, c], v[:, :, c]
+        os_, ds, ls = out[:, :, r], dout[:, :, r], lse[:, :, r].contiguous()
+        if not self.has_expr:
+            return api.backward_impl(ds, qs, ks, vs, os_, ls, opts, self.deterministic)
+        kw = self._expr_kw(call, q.device)
+        opts, extra, _ = rexprs.expr_options(qs, qs.shape[1], opts, kw["mask_mod"], kw["score_mod"], None,
+                                            kw["params"], learnable=())
+        dq, dk, dv, _, _ = rexprs.expr_backward(ds, qs, ks, vs, os_, ls, None, None, (0, 0), opts,
+                                                self.deterministic, extra, {}, None, False)
+        return dq, dk, dv
+
+    # ------------------------------------------------------------------ one step (torch's op protocol)
+    def forward_op(self):
+        count = iter(range(self.world))
+
+        def op(query, key, value, is_causal=False, **_):
+            step = next(count)
+            calls = self.calls(step)
+            B, H, n = query.shape[:3]
+            whole = len(calls) == 1 and calls[0].rows == (0, n)
+            if whole:
+                out, lse = self.call_forward(calls[0], query, key, value)
+            else:
+                acc = torch.zeros(B, H, n, value.shape[-1], dtype=torch.float32, device=query.device)
+                lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=query.device)
+                for call in calls:
+                    o, l = self.call_forward(call, query, key, value)
+                    _merge(acc, lse, call.rows, o, l)
+                out = acc.to(query.dtype)
+            if step == 0 and self.mask_text is not None:
+                lse = torch.where(torch.isneginf(lse), torch.full_like(lse, EMPTY_LSE), lse)
+            return out, lse
+
+        return op
+
+    def backward_op(self):
+        count = iter(range(self.world))
+
+        def op(query, key, value, out, logsumexp, is_causal=False, grad_out=None, **_):
+            calls = self.calls(next(count))
+            n = query.shape[2]
+            if len(calls) == 1 and calls[0].rows == (0, n) and calls[0].cols == (0, key.shape[2]):
+                return self.call_backward(calls[0], query, key, value, out, grad_out, logsumexp)
+            dq = torch.zeros_like(query, dtype=torch.float32)
+            dk = torch.zeros_like(key, dtype=torch.float32)
+            dv = torch.zeros_like(value, dtype=torch.float32)
+            for call in calls:
+                gq, gk, gv = self.call_backward(call, query, key, value, out, grad_out, logsumexp)
+                dq[:, :, call.rows[0]:call.rows[1]] += gq
+                dk[:, :, call.cols[0]:call.cols[1]] += gk
+                dv[:, :, call.cols[0]:call.cols[1]] += gv
+            return dq, dk, dv
+
+        return op
+
+    # ------------------------------------------------------------------ the ring
+    def forward(self, q, k, v):
+        cp = engine()
+        with _torch_options(cp, self.rotate):
+            out, lse = cp._templated_ring_attention(self.group, 2, self.forward_op(), q, k, v, is_causal=False)
+        if self.mask_text is not None:  # rows that never saw a key
+            lse = torch.where(lse <= EMPTY_LSE + math.log(self.world) + 1.0, float("-inf"), lse)
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse):
+        cp = engine()
+        with _torch_options(cp, self.rotate):
+            dq, dk, dv = cp._templated_ring_attention_backward(self.group, 2, self.backward_op(), dout.contiguous(),
+                                                               "grad_out", q, k, v, out, lse, is_causal=False)
+        return dq, dk, dv
+
+
+class RingAttention(torch.autograd.Function):
+    """Differentiable in q, k, v; lse is not."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, ring: Ring):
+        out, lse = ring.forward(q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.ring = ring
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        if dout is None:
+            return None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.ring.backward(dout, q, k, v, out, lse)
+        return dq, dk, dv, None

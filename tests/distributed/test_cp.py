@@ -1,0 +1,112 @@
+"""Context-parallel attention on the CPU: 2 and 4 processes on the gloo backend, attngen's kernels
+through Triton's interpreter (tests/distributed/cp_worker.py), each rank's output, LSE and
+gradients put back together and checked against the single-process attngen call and a float64
+reference by the flash-attn rule (output error <= 2x a same-precision PyTorch implementation's,
+gradients <= 3x). A worker that crashes or hangs fails the test (a timeout on the wait)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attngen
+from attngen.distributed import layout
+from attngen.problem import attention_ref
+from attngen.testing import assert_flash_rule, assert_lse_close, check_grads, max_err
+from tests.distributed.cases import CASES, cases_for
+
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 300
+
+
+def run_world(world: int, tmp: Path, only: str = "") -> list[dict]:
+    """Start `world` workers, wait (a timeout kills them all), return each rank's saved results."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    init = f"file://{tmp / 'rendezvous'}"
+    procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.cp_worker", "--world", str(world), "--rank",
+                               str(r), "--init", init, "--out", str(tmp), "--only", only], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=TIMEOUT_S)
+            logs.append(out)
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"context-parallel workers (world {world}) did not finish in {TIMEOUT_S} s")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
+    return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
+def world_results(request, tmp_path_factory):
+    world = request.param
+    ranks = run_world(world, tmp_path_factory.mktemp(f"cp{world}"))
+    return world, ranks
+
+
+def _gather(case, ranks, name: str) -> torch.Tensor:
+    dim = 1 if case.layout == "bshd" and name in ("out", "dq", "dk", "dv") else 2
+    full = layout.assemble([r["results"][case.name][name] for r in ranks], seq_dim=dim, load_balance=case.load_balance)
+    return full.transpose(1, 2) if dim == 1 else full
+
+
+def single_process(case, world: int, q, k, v, dout):
+    """The single-process attngen call on the full sequence: (out, lse, dq, dk, dv)."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+    docs = case.documents(world)
+    kw = case.kwargs(world)
+    if docs is None:
+        out, lse = attngen.attention(*leaves, return_lse=True, **kw)
+    else:
+        b, s = q.shape[0], q.shape[2]
+        cu = torch.tensor([0] + [i * s + d for i in range(b) for d in docs[1:]], dtype=torch.int32)
+        mx = max(y - x for x, y in zip(docs, docs[1:]))
+        packed = [x.permute(0, 2, 1, 3).reshape(b * s, x.shape[1], x.shape[3]) for x in leaves]
+        out, lse = attngen.attention_varlen(*packed, cu, cu, mx, mx, return_lse=True, **kw)
+        out = out.reshape(b, s, *out.shape[1:]).permute(0, 2, 1, 3)
+        lse = lse.reshape(lse.shape[0], b, s).permute(1, 0, 2)
+    out.backward(dout)
+    return out.detach(), lse, *(x.grad for x in leaves)
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_context_parallel_matches_one_process(world_results, name):
+    world, ranks = world_results
+    case = next(c for c in CASES if c.name == name)
+    if world not in case.worlds:
+        pytest.skip(f"{name} runs with {case.worlds} processes")
+    q, k, v, dout = case.inputs(world)
+    keep, bias = case.keep(world), case.score_bias(world)
+    ref_kw = dict(softcap=case.softcap, keep=keep, bias=bias)
+    ref64, lse64 = attention_ref(q, k, v, upcast=True, **ref_kw)
+    ref_pt, _ = attention_ref(q, k, v, upcast=False, **ref_kw)
+    out = _gather(case, ranks, "out")
+    tag = f"{name}/world{world}"
+    err, pt_err = assert_flash_rule(f"{tag}/out", out, ref64, ref_pt, 2.0)
+    assert_lse_close(f"{tag}/lse", _gather(case, ranks, "lse"), lse64.float())
+    one = single_process(case, world, q, k, v, dout)
+    diff = max_err(out, one[0])
+    assert diff <= 2.0 * pt_err + 1e-5, f"{tag}: |cp - single-process attngen| = {diff:.3e} > 2 x {pt_err:.3e}"
+    grads = [_gather(case, ranks, n) for n in ("dq", "dk", "dv")]
+    check_grads(tag, lambda q_, k_, v_, upcast: attention_ref(q_, k_, v_, upcast=upcast, **ref_kw)[0],
+                (q, k, v), dout, grads, factor=3.0)
+    for n, g, g1 in zip(("dq", "dk", "dv"), grads, one[2:]):
+        assert torch.isfinite(g1).all(), f"{tag}: single-process {n} not finite"
+
+
+def test_every_case_runs_on_some_world():
+    assert {c.name for w in (2, 4) for c in cases_for(w)} == {c.name for c in CASES}
