@@ -31,6 +31,7 @@ class Case:
     mask_mod: object = None  # callable (b, h, q_idx, kv_idx) on index tensors, also what attngen traces
     score_mod: object = None  # expression text
     bias: object = None  # (q_idx, kv_idx) index tensors -> the score bias score_mod adds
+    rotate: object = None  # how torch moves the K/V shards (None: its default, one all-gather)
 
     def seqlen(self, world: int) -> int:
         return self.chunk * world * layout.chunks_per_rank(self.load_balance)
@@ -43,7 +44,7 @@ class Case:
                              dtype=self.dtype, seed=seed)
 
     def kwargs(self, world: int) -> dict:
-        kw = dict(causal=self.causal, window_size=self.window, softcap=self.softcap)
+        kw = dict(causal=self.causal, window_size=self.window, softcap=self.softcap, rotate=self.rotate)
         if self.mask_mod is not None:
             kw["mask_mod"] = self.mask_mod
         if self.score_mod is not None:
@@ -84,7 +85,7 @@ CASES = [
     Case("causal_zigzag_gqa", (2, 4), causal=True),
     Case("full_contiguous_softcap", (2,), batch=2, hq=2, hkv=2, chunk=29, d=32, dtype=torch.float16,
          load_balance=None, softcap=3.0),
-    Case("causal_window_crossing", (2, 4), causal=True, window=(11, 0)),
+    Case("causal_window_crossing", (2, 4), causal=True, window=(11, 0), rotate="alltoall"),
     Case("window_two_sided_bshd", (2,), hq=2, hkv=1, window=(5, 7), load_balance=None, layout="bshd"),
     Case("documents_causal", (2, 4), causal=True, dtype=torch.float16, docs=lambda s: (0, 5, s // 2 + 3, s - 7, s)),
     Case("documents_window", (2,), batch=2, hq=2, hkv=2, window=(6, 4), docs=lambda s: (0, 20, s)),

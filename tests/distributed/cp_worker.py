@@ -9,6 +9,7 @@ size forward and backward on its shard and saves out, lse and the gradients of i
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 import time
 
@@ -20,6 +21,7 @@ def main(argv=None) -> int:
     p.add_argument("--init", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--only", default="", help="comma-separated case names (default: all of this world size)")
+    p.add_argument("--crash-rank", type=int, default=-1, help="this rank raises after joining the group (tests)")
     a = p.parse_args(argv)
 
     from attngen import env
@@ -36,9 +38,13 @@ def main(argv=None) -> int:
     from tests.distributed.cases import cases_for
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world)
+    # a collective whose peer died fails after this long instead of gloo's default 30 minutes
+    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=120))
     results, times = {}, {}
     try:
+        if a.rank == a.crash_rank:
+            raise RuntimeError("crash requested (--crash-rank)")
         for case in cases_for(a.world):
             if a.only and case.name not in a.only.split(","):
                 continue
@@ -51,7 +57,9 @@ def main(argv=None) -> int:
             out, lse = agd.attention(ql, kl, vl, layout=case.layout, load_balance=case.load_balance,
                                      cu_seqlens=case.documents(a.world), return_lse=True, **case.kwargs(a.world))
             out.backward(local[3])
-            results[case.name] = {"out": out.detach(), "lse": lse, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad}
+            results[case.name] = {"out": out.detach(), "lse": lse, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
+                                  "unshard": agd.unshard(out.detach(), seq_dim=dim, load_balance=case.load_balance),
+                                  "positions": agd.positions(case.seqlen(a.world), load_balance=case.load_balance)}
             times[case.name] = time.perf_counter() - t0
         torch.save({"results": results, "times": times}, f"{a.out}/rank{a.rank}.pt")
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,30 +25,35 @@ ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
 
 
-def run_world(world: int, tmp: Path, only: str = "") -> list[dict]:
-    """Start `world` workers, wait (a timeout kills them all), return each rank's saved results."""
+def run_world(world: int, tmp: Path, only: str = "", extra=()) -> list[dict]:
+    """Start `world` workers and wait for all of them: the first that fails, or the deadline,
+    ends the others and fails the test. Returns each rank's saved results."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     init = f"file://{tmp / 'rendezvous'}"
+    logs = [tmp / f"rank{r}.log" for r in range(world)]
     procs = [subprocess.Popen([sys.executable, "-m", "tests.distributed.cp_worker", "--world", str(world), "--rank",
-                               str(r), "--init", init, "--out", str(tmp), "--only", only], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
-    logs = []
+                               str(r), "--init", init, "--out", str(tmp), "--only", only, *extra], cwd=ROOT, env=env,
+                              stdout=logs[r].open("w"), stderr=subprocess.STDOUT) for r in range(world)]
+    deadline = time.monotonic() + TIMEOUT_S
+    hung = []
     try:
-        for p in procs:
-            out, _ = p.communicate(timeout=TIMEOUT_S)
-            logs.append(out)
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail(f"context-parallel workers (world {world}) did not finish in {TIMEOUT_S} s")
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if any(p.returncode not in (None, 0) for p in procs):  # the others may follow: a moment for them
+                deadline = min(deadline, time.monotonic() + 2.0)
+            time.sleep(0.1)
+        hung = [r for r, p in enumerate(procs) if p.poll() is None]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} of {world} exited with {p.returncode}:\n{log[-4000:]}"
+            p.wait()
+    failed = [f"rank {r} of {world} exited with {p.returncode}:\n{logs[r].read_text()[-3000:]}"
+              for r, p in enumerate(procs) if p.returncode != 0 and r not in hung]
+    if failed:
+        pytest.fail("\n\n".join(failed))
+    if hung:
+        pytest.fail(f"ranks {hung} of {world} did not finish in {TIMEOUT_S} s")
     return [torch.load(tmp / f"rank{r}.pt") for r in range(world)]
 
 
@@ -96,6 +102,11 @@ def test_context_parallel_matches_one_process(world_results, name):
     ref_pt, _ = attention_ref(q, k, v, upcast=False, **ref_kw)
     out = _gather(case, ranks, "out")
     tag = f"{name}/world{world}"
+    for r, res in enumerate(ranks):  # unshard(): every rank gets the whole output; positions() its tokens'
+        got = res["results"][name]["unshard"]
+        assert torch.equal(got.transpose(1, 2) if case.layout == "bshd" else got, out), f"{tag}: unshard on rank {r}"
+        want = layout.positions(case.seqlen(world), r, world, case.load_balance)
+        assert torch.equal(res["results"][name]["positions"], want), f"{tag}: positions on rank {r}"
     err, pt_err = assert_flash_rule(f"{tag}/out", out, ref64, ref_pt, 2.0)
     assert_lse_close(f"{tag}/lse", _gather(case, ranks, "lse"), lse64.float())
     one = single_process(case, world, q, k, v, dout)
@@ -110,3 +121,12 @@ def test_context_parallel_matches_one_process(world_results, name):
 
 def test_every_case_runs_on_some_world():
     assert {c.name for w in (2, 4) for c in cases_for(w)} == {c.name for c in CASES}
+
+
+def test_a_crashing_rank_fails_fast(tmp_path):
+    """Rank 1 raises before its first collective while rank 0 waits in one: the test fails at
+    once with rank 1's error, not at the deadline."""
+    t0 = time.monotonic()
+    with pytest.raises(pytest.fail.Exception, match="rank 1 of 2 exited with 1:(.|\n)*crash requested"):
+        run_world(2, tmp_path, extra=("--crash-rank", "1"))
+    assert time.monotonic() - t0 < TIMEOUT_S / 2
