@@ -94,6 +94,31 @@ def _merge(out, lse, rows, o, l):
     lse[:, :, r0:r1] = torch.where(s > 0, m + torch.log(s), float("-inf"))
 
 
+def _disjoint(ranges) -> bool:
+    spans = sorted(ranges)
+    return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def _gaps(ranges, n: int):
+    """The parts of [0, n) no range covers."""
+    out, at = [], 0
+    for a, b in sorted(ranges):
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    return out + ([(at, n)] if at < n else [])
+
+
+def _assemble(like, ranges, parts):
+    """A tensor like `like` holding each part at its range of dim 2, zeros elsewhere."""
+    full = torch.empty_like(like)
+    for a, b in _gaps(ranges, like.shape[2]):
+        full[:, :, a:b] = 0
+    for (a, b), x in zip(ranges, parts):
+        full[:, :, a:b] = x
+    return full
+
+
 def _pack(x, rows):
     """(B, H, S, D)[:, :, rows] as packed documents (B * n, H, D)."""
     part = x[:, :, rows[0]:rows[1]]
@@ -178,10 +203,18 @@ class Ring:
             step = next(count)
             calls = self.calls(step)
             B, H, n = query.shape[:3]
-            whole = len(calls) == 1 and calls[0].rows == (0, n)
-            if whole:
+            if len(calls) == 1 and calls[0].rows == (0, n):
                 out, lse = self.call_forward(calls[0], query, key, value)
-            else:
+            elif _disjoint([c.rows for c in calls]):  # each row from one call: copies, gaps filled
+                out = query.new_empty(B, H, n, value.shape[-1])
+                lse = torch.empty((B, H, n), dtype=torch.float32, device=query.device)
+                for a, b in _gaps([c.rows for c in calls], n):
+                    out[:, :, a:b] = 0
+                    lse[:, :, a:b] = float("-inf")
+                for call in calls:
+                    out[:, :, call.rows[0]:call.rows[1]], lse[:, :, call.rows[0]:call.rows[1]] = self.call_forward(
+                        call, query, key, value)
+            else:  # calls share rows: LSE-merged in fp32
                 acc = torch.zeros(B, H, n, value.shape[-1], dtype=torch.float32, device=query.device)
                 lse = torch.full((B, H, n), float("-inf"), dtype=torch.float32, device=query.device)
                 for call in calls:
@@ -199,14 +232,18 @@ class Ring:
 
         def op(query, key, value, out, logsumexp, is_causal=False, grad_out=None, **_):
             calls = self.calls(next(count))
-            n = query.shape[2]
-            if len(calls) == 1 and calls[0].rows == (0, n) and calls[0].cols == (0, key.shape[2]):
+            n, m = query.shape[2], key.shape[2]
+            if len(calls) == 1 and calls[0].rows == (0, n) and calls[0].cols == (0, m):
                 return self.call_backward(calls[0], query, key, value, out, grad_out, logsumexp)
+            rows, cols = [c.rows for c in calls], [c.cols for c in calls]
+            grads = [self.call_backward(c, query, key, value, out, grad_out, logsumexp) for c in calls]
+            if _disjoint(rows) and _disjoint(cols):  # each row from one call: copies, gaps zero
+                return (_assemble(query, rows, [g[0] for g in grads]), _assemble(key, cols, [g[1] for g in grads]),
+                        _assemble(value, cols, [g[2] for g in grads]))
             dq = torch.zeros_like(query, dtype=torch.float32)
             dk = torch.zeros_like(key, dtype=torch.float32)
             dv = torch.zeros_like(value, dtype=torch.float32)
-            for call in calls:
-                gq, gk, gv = self.call_backward(call, query, key, value, out, grad_out, logsumexp)
+            for call, (gq, gk, gv) in zip(calls, grads):
                 dq[:, :, call.rows[0]:call.rows[1]] += gq
                 dk[:, :, call.cols[0]:call.cols[1]] += gk
                 dv[:, :, call.cols[0]:call.cols[1]] += gv
