@@ -5,8 +5,7 @@ layout (torch's head-tail load balancing) and the same shards.
 
     python3 benchmarks/tools/cp_scaling.py --gpus 1,2,4,8 --seqlen-per-gpu 16384,65536,131072 \
         --out benchmarks/results/h100x8_cp_scaling_<date>.json
-    python3 benchmarks/tools/cp_scaling.py --plot benchmarks/results/h100x8_cp_scaling_<date>.json \
-        --png docs/img/cp_scaling.png
+    python3 benchmarks/tools/cp_scaling.py --plot benchmarks/results/h100x8_cp_scaling_<date>.json     # the .png beside it
 
 Each GPU count runs in its own spawned group of processes (one per GPU). Every row is timed with
 CUDA events (median of --iters after --warmup, each iteration between barriers; the slowest rank's
