@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from attngen.distributed import layout
+from attngen.distributed import layout as seq_layout
 from attngen.distributed.expr import global_exprs
 from attngen.distributed.plan import Mask
 from attngen.distributed.ring import Ring, RingAttention, engine
@@ -37,23 +37,23 @@ def _documents(cu_seqlens, seqlen: int) -> tuple | None:
     return tuple(dict.fromkeys(vals))  # empty documents dropped
 
 
-def ring_of(q, k, v, *, group=None, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout_="bhsd",
+def ring_of(q, k, v, *, group=None, causal=False, window_size=(-1, -1), softcap=0.0, scale=None, layout="bhsd",
             load_balance="zigzag", cu_seqlens=None, mask_mod=None, score_mod=None, params=None,
             deterministic=False, rotate=None, world=None, rank=None) -> Ring:
     """The validated Ring of a call (world / rank given: no process group needed)."""
-    validate.check_dense(q, k, v, layout_)
-    qv, kv, _ = validate.dense_views(q, k, v, layout_)
+    validate.check_dense(q, k, v, layout)
+    qv, kv, _ = validate.dense_views(q, k, v, layout)
     if qv.shape[2] != kv.shape[2]:
         raise ValueError(f"k: context parallelism shards one sequence: q's local length {qv.shape[2]} differs from "
                          f"k's {kv.shape[2]}")
     left, right = validate.check_options(window_size, softcap, scale)
-    layout.check_load_balance(load_balance)
+    seq_layout.check_load_balance(load_balance)
     if rotate not in ROTATES:
         raise ValueError(f"rotate: must be None (torch's setting), 'allgather' or 'alltoall', got {rotate!r}")
     if world is None:
         group, rank, world = _group_info(group)
     seqlen = qv.shape[2] * world
-    per = layout.chunks_per_rank(load_balance)
+    per = seq_layout.chunks_per_rank(load_balance)
     if qv.shape[2] % per:
         raise ValueError(f"q: the local sequence length {qv.shape[2]} must be a multiple of {per} "
                          f"(load_balance={load_balance!r} holds {per} chunks a rank)")
@@ -91,7 +91,7 @@ def attention(q, k, v, *, group=None, causal=False, window_size=(-1, -1), softca
     a step; None: torch's current `set_rotate_method` setting). Only K/V heads travel (GQA).
     """
     ring = ring_of(q, k, v, group=group, causal=causal, window_size=window_size, softcap=softcap, scale=scale,
-                   layout_=layout, load_balance=load_balance, cu_seqlens=cu_seqlens, mask_mod=mask_mod,
+                   layout=layout, load_balance=load_balance, cu_seqlens=cu_seqlens, mask_mod=mask_mod,
                    score_mod=score_mod, params=params, deterministic=deterministic, rotate=rotate)
     engine()
     qv, kv, vv = validate.dense_views(q, k, v, layout)
@@ -104,7 +104,7 @@ def attention(q, k, v, *, group=None, causal=False, window_size=(-1, -1), softca
 def shard(x: torch.Tensor, *, group=None, seq_dim: int = 2, load_balance="zigzag") -> torch.Tensor:
     """This rank's shard of the full tensor x (every rank holds x): its chunks along seq_dim."""
     _, rank, world = _group_info(group)
-    return layout.shard(x, rank, world, seq_dim=seq_dim, load_balance=load_balance)
+    return seq_layout.shard(x, rank, world, seq_dim=seq_dim, load_balance=load_balance)
 
 
 def unshard(x: torch.Tensor, *, group=None, seq_dim: int = 2, load_balance="zigzag") -> torch.Tensor:
@@ -114,10 +114,10 @@ def unshard(x: torch.Tensor, *, group=None, seq_dim: int = 2, load_balance="zigz
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(world)]
     dist.all_gather(parts, x, group=group)
-    return layout.assemble(parts, seq_dim=seq_dim, load_balance=load_balance)
+    return seq_layout.assemble(parts, seq_dim=seq_dim, load_balance=load_balance)
 
 
 def positions(seqlen: int, *, group=None, load_balance="zigzag", device=None) -> torch.Tensor:
     """The global positions of this rank's local tokens (rotary embeddings, losses)."""
     _, rank, world = _group_info(group)
-    return layout.positions(seqlen, rank, world, load_balance, device)
+    return seq_layout.positions(seqlen, rank, world, load_balance, device)
