@@ -1,5 +1,6 @@
-"""One rank of the context-parallel CPU tests (test_cp.py starts `world` of them): gloo over a
-file rendezvous, attngen's kernels through Triton's interpreter. Runs every case of its world
+"""One rank of the context-parallel tests (test_cp.py starts `world` of them): gloo over a file
+rendezvous, attngen's kernels through Triton's interpreter (--device cuda: NCCL, GPU rank r,
+tests/gpu/test_gpu_cp.py). Runs every case of its world
 size forward and backward on its shard and saves out, lse and the gradients of its rows to
 <out>/rank<r>.pt.
 
@@ -22,6 +23,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--only", default="", help="comma-separated case names (default: all of this world size)")
     p.add_argument("--crash-rank", type=int, default=-1, help="this rank raises after joining the group (tests)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = p.parse_args(argv)
 
     from attngen import env
@@ -38,9 +40,11 @@ def main(argv=None) -> int:
     from tests.distributed.cases import cases_for
 
     torch.set_num_threads(1)
+    if a.device == "cuda":
+        torch.cuda.set_device(a.rank)
     # a collective whose peer died fails after this long instead of gloo's default 30 minutes
-    dist.init_process_group("gloo", init_method=a.init, rank=a.rank, world_size=a.world,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group("gloo" if a.device == "cpu" else "nccl", init_method=a.init, rank=a.rank,
+                            world_size=a.world, timeout=datetime.timedelta(seconds=120))
     results, times = {}, {}
     try:
         if a.rank == a.crash_rank:
@@ -49,7 +53,7 @@ def main(argv=None) -> int:
             if a.only and case.name not in a.only.split(","):
                 continue
             t0 = time.perf_counter()
-            q, k, v, dout = case.inputs(a.world)
+            q, k, v, dout = (x.to(a.device) for x in case.inputs(a.world))
             dim = 2 if case.layout == "bhsd" else 1
             local = [agd.shard(x if case.layout == "bhsd" else x.transpose(1, 2), seq_dim=dim,
                                load_balance=case.load_balance) for x in (q, k, v, dout)]
@@ -57,9 +61,10 @@ def main(argv=None) -> int:
             out, lse = agd.attention(ql, kl, vl, layout=case.layout, load_balance=case.load_balance,
                                      cu_seqlens=case.documents(a.world), return_lse=True, **case.kwargs(a.world))
             out.backward(local[3])
-            results[case.name] = {"out": out.detach(), "lse": lse, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
-                                  "unshard": agd.unshard(out.detach(), seq_dim=dim, load_balance=case.load_balance),
-                                  "positions": agd.positions(case.seqlen(a.world), load_balance=case.load_balance)}
+            res = {"out": out.detach(), "lse": lse, "dq": ql.grad, "dk": kl.grad, "dv": vl.grad,
+                   "unshard": agd.unshard(out.detach(), seq_dim=dim, load_balance=case.load_balance),
+                   "positions": agd.positions(case.seqlen(a.world), load_balance=case.load_balance)}
+            results[case.name] = {n: x.cpu() for n, x in res.items()}
             times[case.name] = time.perf_counter() - t0
         torch.save({"results": results, "times": times}, f"{a.out}/rank{a.rank}.pt")
     finally:

@@ -63,26 +63,27 @@ def _gather(case, ranks, name: str) -> torch.Tensor:
     return full.transpose(1, 2) if dim == 1 else full
 
 
-def single_process(case, world: int, q, k, v, dout):
-    """The single-process attngen call on the full sequence: (out, lse, dq, dk, dv)."""
-    leaves = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
+def single_process(case, world: int, q, k, v, dout, device="cpu"):
+    """The single-process attngen call on the full sequence on `device`: (out, lse, dq, dk, dv) on the CPU."""
+    leaves = [x.detach().to(device).requires_grad_(True) for x in (q, k, v)]
+    dout = dout.to(device)
     docs = case.documents(world)
     kw = case.kwargs(world)
     if docs is None:
         out, lse = attngen.attention(*leaves, return_lse=True, **kw)
     else:
         b, s = q.shape[0], q.shape[2]
-        cu = torch.tensor([0] + [i * s + d for i in range(b) for d in docs[1:]], dtype=torch.int32)
+        cu = torch.tensor([0] + [i * s + d for i in range(b) for d in docs[1:]], dtype=torch.int32, device=device)
         mx = max(y - x for x, y in zip(docs, docs[1:]))
         packed = [x.permute(0, 2, 1, 3).reshape(b * s, x.shape[1], x.shape[3]) for x in leaves]
         out, lse = attngen.attention_varlen(*packed, cu, cu, mx, mx, return_lse=True, **kw)
         out = out.reshape(b, s, *out.shape[1:]).permute(0, 2, 1, 3)
         lse = lse.reshape(lse.shape[0], b, s).permute(1, 0, 2)
     out.backward(dout)
-    return out.detach(), lse, *(x.grad for x in leaves)
+    return out.detach().cpu(), lse.cpu(), *(x.grad.cpu() for x in leaves)
 
 
-def check_case(case, world: int, ranks: list) -> None:
+def check_case(case, world: int, ranks: list, device="cpu") -> None:
     name = case.name
     q, k, v, dout = case.inputs(world)
     keep, bias = case.keep(world), case.score_bias(world)
@@ -98,7 +99,7 @@ def check_case(case, world: int, ranks: list) -> None:
         assert torch.equal(res["results"][name]["positions"], want), f"{tag}: positions on rank {r}"
     err, pt_err = assert_flash_rule(f"{tag}/out", out, ref64, ref_pt, 2.0)
     assert_lse_close(f"{tag}/lse", _gather(case, ranks, "lse"), lse64.float())
-    one = single_process(case, world, q, k, v, dout)
+    one = single_process(case, world, q, k, v, dout, device)
     diff = max_err(out, one[0])
     assert diff <= 2.0 * pt_err + 1e-5, f"{tag}: |cp - single-process attngen| = {diff:.3e} > 2 x {pt_err:.3e}"
     grads = [_gather(case, ranks, n) for n in ("dq", "dk", "dv")]
@@ -108,18 +109,23 @@ def check_case(case, world: int, ranks: list) -> None:
         assert torch.isfinite(g1).all(), f"{tag}: single-process {n} not finite"
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_context_parallel_matches_one_process(world, tmp_path):
-    """One test per group size (one set of workers, whichever xdist worker runs it); every case of
-    that size is checked and every failing case reported."""
-    ranks = run_world(world, tmp_path)
+def check_world(world: int, tmp: Path, device: str = "cpu") -> None:
+    """Run every case of this group size in one set of workers and check each; every failing case
+    is reported."""
+    ranks = run_world(world, tmp, extra=("--device", device))
     failures = []
     for case in cases_for(world):
         try:
-            check_case(case, world, ranks)
+            check_case(case, world, ranks, device)
         except AssertionError as e:
             failures.append(f"{case.name}: {e}")
     assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_context_parallel_matches_one_process(world, tmp_path):
+    """One test per group size (one set of workers, whichever xdist worker runs it)."""
+    check_world(world, tmp_path)
 
 
 def test_every_case_runs_on_some_world():
