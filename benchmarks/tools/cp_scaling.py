@@ -128,10 +128,17 @@ def _time(fn, q, k, v, dout, mode: str, a) -> float:
     return float(ms)
 
 
-def _max_diff(xs, ys) -> float:
-    d = torch.tensor(max((x.float() - y.float()).abs().max().item() for x, y in zip(xs, ys)), device=xs[0].device)
-    dist.all_reduce(d, op=dist.ReduceOp.MAX)
-    return float(d)
+def _diffs(xs, ys) -> dict:
+    """{out, dq, dk, dv: (max |x - y|, ||x - y|| / ||y||)} over every rank's shard."""
+    out = {}
+    for name, x, y in zip(("out", "dq", "dk", "dv"), xs, ys):
+        d = x.float() - y.float()
+        worst = d.abs().max()
+        dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+        sums = torch.stack([d.square().sum(), y.float().square().sum()])
+        dist.all_reduce(sums)
+        out[name] = {"max_abs": float(worst), "rel": float(sums[0].sqrt() / sums[1].sqrt().clamp_min(1e-30))}
+    return out
 
 
 def _worker(rank: int, world: int, a, port: int, out_path: str) -> None:
@@ -173,15 +180,19 @@ def _worker(rank: int, world: int, a, port: int, out_path: str) -> None:
                 results[name] = f"{type(e).__name__}: {str(e)[:300]}"
         base = results.get("attngen-cp")
         for name, r in results.items():
-            if name != "attngen-cp" and not isinstance(r, str) and not isinstance(base, str) and base is not None:
-                checks[f"{name}_vs_attngen-cp_max_abs"] = _max_diff(r, base)
+            if isinstance(r, str):
+                checks[f"{name}_error"] = r
+            elif name != "attngen-cp" and base is not None and not isinstance(base, str):
+                checks[f"{name}_vs_attngen-cp"] = _diffs(r, base)
         if full is not None and not isinstance(base, str) and base is not None:
             parts = [agd.unshard(x.contiguous(), group=group) for x in base]
             leaves = [x.detach().requires_grad_(True) for x in full[:3]]
             one = attngen.attention(*leaves, causal=a.causal)
             ref = (one, *torch.autograd.grad(one, leaves, full[3]))
-            checks["attngen-cp_vs_single_gpu_max_abs"] = {n: (p.float() - r.float()).abs().max().item()
-                                                          for n, p, r in zip(("out", "dq", "dk", "dv"), parts, ref)}
+            checks["attngen-cp_vs_single_gpu"] = {
+                n: {"max_abs": (p.float() - r.float()).abs().max().item(),
+                    "rel": ((p.float() - r.float()).norm() / r.float().norm().clamp_min(1e-30)).item()}
+                for n, p, r in zip(("out", "dq", "dk", "dv"), parts, ref)}
         del results, base
         for mode in a.modes:
             for name in a.providers:
