@@ -90,7 +90,8 @@ def _merge(out, lse, rows, o, l):
     m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
     w1, w2 = torch.exp(lo - m), torch.exp(l - m)
     s = w1 + w2
-    out[:, :, r0:r1] = (out[:, :, r0:r1] * w1[..., None] + o.float() * w2[..., None]) / torch.where(s > 0, s, 1.0)[..., None]
+    denom = torch.where(s > 0, s, 1.0)[..., None]
+    out[:, :, r0:r1] = (out[:, :, r0:r1] * w1[..., None] + o.float() * w2[..., None]) / denom
     lse[:, :, r0:r1] = torch.where(s > 0, m + torch.log(s), float("-inf"))
 
 
@@ -169,8 +170,8 @@ class Ring:
             o, l = attngen.attention_varlen(_pack(q, call.rows), _pack(k, call.cols), _pack(v, call.cols), cu, cu,
                                             mx, mx, **kw)
             return _unpack(o, q.shape[0]), l.reshape(l.shape[0], q.shape[0], -1).permute(1, 0, 2)
-        qs, ks, vs = q[:, :, call.rows[0]:call.rows[1]], k[:, :, call.cols[0]:call.cols[1]], v[:, :, call.cols[0]:call.cols[1]]
-        return attngen.attention(qs, ks, vs, **kw, **self._expr_kw(call, q.device))
+        r, c = slice(*call.rows), slice(*call.cols)
+        return attngen.attention(q[:, :, r], k[:, :, c], v[:, :, c], **kw, **self._expr_kw(call, q.device))
 
     def call_backward(self, call, q, k, v, out, dout, lse):
         r, c = slice(*call.rows), slice(*call.cols)

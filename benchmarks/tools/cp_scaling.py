@@ -5,7 +5,8 @@ layout (torch's head-tail load balancing) and the same shards.
 
     python3 benchmarks/tools/cp_scaling.py --gpus 1,2,4,8 --seqlen-per-gpu 16384,65536,131072 \
         --out benchmarks/results/h100x8_cp_scaling_<date>.json
-    python3 benchmarks/tools/cp_scaling.py --plot benchmarks/results/h100x8_cp_scaling_<date>.json     # the .png beside it
+    python3 benchmarks/tools/cp_scaling.py --plot benchmarks/results/h100x8_cp_scaling_<date>.json
+                                                        # draws the .png beside it
 
 Each GPU count runs in its own spawned group of processes (one per GPU). Every row is timed with
 CUDA events (median of --iters after --warmup, each iteration between barriers; the slowest rank's
@@ -340,7 +341,8 @@ def main(argv=None) -> int:
     for r in rows:
         if "tflops_per_gpu" in r:
             print(f"W={r['world']} S/GPU={r['seqlen_per_gpu']:>7} {r['mode']:>6} {r['provider']:>15}: "
-                  f"{r['ms']:9.2f} ms {r['tflops_per_gpu']:7.1f} TFLOP/s/GPU {r['tokens_per_s_per_gpu']:12.0f} tok/s/GPU")
+                  f"{r['ms']:9.2f} ms {r['tflops_per_gpu']:7.1f} TFLOP/s/GPU "
+                  f"{r['tokens_per_s_per_gpu']:12.0f} tok/s/GPU")
         elif "checks" in r:
             print(f"W={r['world']} S={r['seqlen_total']}: checks {r['checks']}")
     return 0
