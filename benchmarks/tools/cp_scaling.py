@@ -148,6 +148,9 @@ def _worker(rank: int, world: int, a, port: int, out_path: str) -> None:
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     else:  # a smoke run of the harness on the CPU (gloo, Triton's interpreter): attngen-cp only
+        from attngen import env
+
+        env.setup_interpreter()  # before anything imports triton
         dist.init_process_group("gloo", rank=rank, world_size=world)
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -324,8 +327,6 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--providers: unknown {sorted(unknown)} (known: {', '.join(PROVIDERS)})")
     rows, skipped = [], []
-    if a.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # inherited by the spawned ranks before they import triton
     for world in a.gpus:
         if a.device == "cuda" and world > torch.cuda.device_count():
             skipped.append({"world": world, "reason": f"{torch.cuda.device_count()} GPUs on this host"})
