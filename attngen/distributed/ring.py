@@ -197,11 +197,12 @@ class Ring:
         return dq, dk, dv
 
     # ------------------------------------------------------------------ one step (torch's op protocol)
-    def forward_op(self):
-        count = iter(range(self.world))
+    def forward_op(self, steps: list):
+        """torch's op for the forward; each call appends its step to `steps`."""
 
         def op(query, key, value, is_causal=False, **_):
-            step = next(count)
+            step = len(steps)
+            steps.append(step)
             calls = self.calls(step)
             B, H, n = query.shape[:3]
             if len(calls) == 1 and calls[0].rows == (0, n):
@@ -228,11 +229,12 @@ class Ring:
 
         return op
 
-    def backward_op(self):
-        count = iter(range(self.world))
+    def backward_op(self, steps: list):
+        """torch's op for the backward; each call appends its step to `steps`."""
 
         def op(query, key, value, out, logsumexp, is_causal=False, grad_out=None, **_):
-            calls = self.calls(next(count))
+            steps.append(len(steps))
+            calls = self.calls(steps[-1])
             n, m = query.shape[2], key.shape[2]
             if len(calls) == 1 and calls[0].rows == (0, n) and calls[0].cols == (0, m):
                 return self.call_backward(calls[0], query, key, value, out, grad_out, logsumexp)
@@ -256,7 +258,9 @@ class Ring:
     def forward(self, q, k, v):
         cp = engine()
         with _torch_options(cp, self.rotate):
-            out, lse = cp._templated_ring_attention(self.group, 2, self.forward_op(), q, k, v, is_causal=False)
+            steps = []
+            out, lse = cp._templated_ring_attention(self.group, 2, self.forward_op(steps), q, k, v, is_causal=False)
+        self._check_steps(steps, "_templated_ring_attention")
         if self.mask_text is not None:  # rows that never saw a key
             lse = torch.where(lse <= EMPTY_LSE + math.log(self.world) + 1.0, float("-inf"), lse)
         return out, lse
@@ -264,9 +268,20 @@ class Ring:
     def backward(self, dout, q, k, v, out, lse):
         cp = engine()
         with _torch_options(cp, self.rotate):
-            dq, dk, dv = cp._templated_ring_attention_backward(self.group, 2, self.backward_op(), dout.contiguous(),
-                                                               "grad_out", q, k, v, out, lse, is_causal=False)
+            steps = []
+            dq, dk, dv = cp._templated_ring_attention_backward(self.group, 2, self.backward_op(steps),
+                                                               dout.contiguous(), "grad_out", q, k, v, out, lse,
+                                                               is_causal=False)
+        self._check_steps(steps, "_templated_ring_attention_backward")
         return dq, dk, dv
+
+    def _check_steps(self, steps: list, name: str) -> None:
+        """The op knows its step by counting: torch must have called it once per rank, in order
+        (it does with is_causal=False; a torch that skipped a step would be caught here)."""
+        if len(steps) != self.world:
+            raise RuntimeError(f"attngen.distributed: torch {torch.__version__}'s {name} called the attention op "
+                               f"{len(steps)} times for {self.world} ranks; its step order is not the one "
+                               "attngen.distributed was written for")
 
 
 class RingAttention(torch.autograd.Function):

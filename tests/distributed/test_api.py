@@ -102,3 +102,11 @@ def test_torch_options_are_restored():
         assert cp._cp_options.enable_load_balance is False
         assert cp._cp_options.rotate_method == cp._RotateMethod.ALL_TO_ALL
     assert (cp._cp_options.enable_load_balance, cp._cp_options.rotate_method) == before
+
+
+def test_a_torch_that_skips_a_step_is_caught():
+    q, k, v = qkv()
+    r = ring_of(q, k, v, world=3, rank=0, causal=True)
+    r._check_steps([0, 1, 2], "x")
+    with pytest.raises(RuntimeError, match="called the attention op 2 times for 3 ranks"):
+        r._check_steps([0, 1], "x")
