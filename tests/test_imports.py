@@ -152,7 +152,7 @@ LAYERS = [
     {"attngen.codegen"},
     {"attngen.db"},
     {"attngen.runtime"},
-    {"attngen.integrations", "attngen.flash_attn_interface"},
+    {"attngen.integrations", "attngen.flash_attn_interface", "attngen.distributed"},
     {"attngen.tuning", "attngen.bench"},
     {"attngen.cli"},
 ]

@@ -45,6 +45,7 @@ KINDS = [  # filename pattern -> what such a file shows
     ("h200_tune_*", "`attngen tune` run or tuner comparison on the H200"),
     ("h200_launch_overhead*", "host time per call (benchmarks/launch_overhead.py)"),
     ("h200_edges*", "edge shapes: long sequences, many documents (benchmarks/edges_bench.py)"),
+    ("*cp_scaling*", "context parallelism: tokens/s and TFLOP/s per GPU against the GPU count, attngen in torch's ring beside torch CP with SDPA (benchmarks/tools/cp_scaling.py)"),
     ("cpu_sass_*", "sm90 compiles on the CPU, every config the dispatcher can choose, checked for uniform registers read before any write (benchmarks/tools/sass_sweep.py)"),
     ("cpu_*", "CPU-side measurement (interpreter noise, CPU test runs)"),
     ("fp8_accuracy*", "fp8 accuracy report: RMSE against float64 on outlier inputs (`attngen bench --mode fp8 --accuracy`)"),
