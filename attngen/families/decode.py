@@ -322,6 +322,10 @@ class TuningHooks:
             pages[perm.to(obj.device)] = padded.reshape(p.batch * per_row, page, *x.shape[2:])
             t[n + "p"] = pages
         t["lens"] = torch.full((p.batch,), p.seqlen_k, device=obj.device, dtype=torch.int32)
+        if obj.spec.has_expr:  # the kernel's parameter tensors and sinks
+            from attngen.families import expr_tuning
+
+            t.update(expr_tuning.inputs(obj, seed))
         for suffix in ("", "_p"):
             t["out" + suffix] = torch.empty(p.batch, p.seqlen_q, p.heads_q, p.head_dim_v, device=obj.device,
                                             dtype=obj.dtype)
@@ -341,6 +345,7 @@ class TuningHooks:
     def steps(self, obj, cfg, t: dict) -> list:
         import torch
 
+        from attngen.families import expr_tuning
         from attngen.kernels.launch import sm_count
 
         p = obj.problem
@@ -357,7 +362,8 @@ class TuningHooks:
                 more = (t["lens"], t["table"])
             else:  # with cache_seqlens, as attention_with_kvcache calls it
                 args, more = (t["q"], t["k"], t["v"], t["out"], t["lse"]), (t["lens"],)
-            out += decode_launches(obj.mod, obj.spec, *args, op, lp, obj.mask, cfg, n, split_len, *more)
+            out += decode_launches(obj.mod, obj.spec, *args, op, lp, obj.mask, cfg, n, split_len, *more,
+                                   extra=expr_tuning.extra(t) if obj.spec.has_expr else None)
         return out
 
     def reference(self, obj, t: dict) -> dict:
@@ -370,8 +376,14 @@ class TuningHooks:
         outs = {"out64": [], "lse64": [], "out_pt": []}
         for b in range(p.batch):  # one row at a time: the float64 copy of a long cache is large
             q, k, v = (t[n][b:b + 1].transpose(1, 2) for n in ("q", "k", "v"))
-            o64, l64 = attention_ref(q, k, v, **kw)
-            opt, _ = attention_ref(q, k, v, upcast=False, **kw)
+            if obj.spec.has_expr:  # the kernel's expressions and sinks, per KV head
+                from attngen.families import expr_tuning
+
+                (o64, l64), (opt, _) = (expr_tuning.grouped_heads(obj, t, b, q, k, v, upcast)
+                                        for upcast in (True, False))
+            else:
+                o64, l64 = attention_ref(q, k, v, **kw)
+                opt, _ = attention_ref(q, k, v, upcast=False, **kw)
             outs["out64"].append(o64.transpose(1, 2))
             outs["lse64"].append(l64)
             outs["out_pt"].append(opt.transpose(1, 2))

@@ -95,6 +95,17 @@ def _attention(obj, t, unit: int, heads: slice, q, k, v, r0: int, upcast: bool):
     return (out if upcast else out.to(q.dtype)), lse
 
 
+def grouped_heads(obj, t: dict, unit: int, q, k, v, upcast: bool):
+    """(out, lse) of every query head of batch row `unit` (q (1, Hq, Sq, D), k / v (1, Hkv, Sk, D)),
+    one KV head's group at a time (the decode family's reference)."""
+    import torch
+
+    g = obj.spec.gqa_ratio
+    parts = [_attention(obj, t, unit, slice(h * g, (h + 1) * g), q[:, h * g:(h + 1) * g], k[:, h:h + 1],
+                        v[:, h:h + 1], 0, upcast) for h in range(k.shape[1])]
+    return torch.cat([o for o, _ in parts], 1), torch.cat([lse for _, lse in parts], 1)
+
+
 def reference(obj, t: dict, max_scores: int, grads: bool) -> dict:
     """The forward's out64 / lse64 / out_pt or, with grads, the backward's dq / dk / dv "64" and
     "_pt" (dO = t["dout"]) of input set `t`, in the input's layout (attngen.problem's

@@ -123,7 +123,7 @@ def plan(opts: TuneOptions) -> list[Target]:
         loaded = [load_spec(f) for f in files]
     except SpecError as exc:
         raise TuneError(str(exc).splitlines()[0] + (" (and more)" if len(exc.problems) > 1 else "")) from None
-    targets, seen, mismatched, expressions = [], set(), [], []
+    targets, seen, mismatched = [], set(), []
     for sf in loaded:
         for entry in sf.entries:
             for spec in entry.kernel_specs():
@@ -132,9 +132,6 @@ def plan(opts: TuneOptions) -> list[Target]:
                 if opts.kernels and not fnmatch.fnmatchcase(spec.uri, opts.kernels):
                     continue
                 if spec.uri in seen:  # two entries with one kernel: the first one's values
-                    continue
-                if spec.has_expr and spec.family == "decode":  # its hooks make no expression tensors yet
-                    expressions.append(spec.uri)
                     continue
                 seen.add(spec.uri)
                 h = kernel_hash(render(spec))
@@ -158,9 +155,6 @@ def plan(opts: TuneOptions) -> list[Target]:
         raise TuneError(f"{key}: " + ("the decode family tunes on decode buckets only (q1_k<S>_bh<B*H>)"
                                       if fam == "decode" else "the decode bucket (Sq = 1) is tuned by the "
                                       "decode family only, not by the fwd / bwd kernels selected"))
-    if not targets and expressions:
-        raise TuneError(f"{expressions[0]}: decode kernels with expressions or sinks are not tunable yet "
-                        "(their default configs serve; the forward and backward ones are; docs/spec.md)")
     if not targets:
         raise TuneError(f"nothing to tune: no {'/'.join(opts.families)} kernel for target "
                         f"{profile.target} in {', '.join(map(str, files))}"

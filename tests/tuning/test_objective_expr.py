@@ -32,7 +32,7 @@ def objective(case: str, family: str, seqlen_q: int = 40, seqlen_k: int = 72):
     name = name or load_spec(REPO_ROOT / "specs" / file).entries[0].name
     e, s = entry_and_spec(file, name, family=family, dtype="bf16", target="sm90")
     assert s.has_expr, s.uri
-    p = obj.problem_for(e, s, parse_bucket("q64_k64_bh4"))
+    p = obj.problem_for(e, s, parse_bucket("q1_k64_bh4" if family == "decode" else "q64_k64_bh4"))
     p = dataclasses.replace(p, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
     return obj.Objective(s, p, "cpu", timer=fixed_timer(1.0))
 
@@ -62,10 +62,25 @@ def test_backward_expression_trial(case):
     assert o.run(BwdConfig(32, 32, 4, 2, 32, 32, 4, 2)).status == "failed"
 
 
-def test_plan_takes_expression_kernels_but_not_decode_ones():
-    from attngen.tuning.targets import TuneError, TuneOptions, plan
+@pytest.mark.parametrize("case", ["gpt_oss", "alibi"])
+def test_decode_expression_trial(case):
+    # the decode family's objective: both cache layouts, the kernel's parameters / sinks, checked
+    # against the expressions' float64 reference (a changed parameter fails the trial)
+    from attngen.families.decode import DecodeConfig
+
+    o = objective(case, "decode", 1, 77)
+    assert o.run(DecodeConfig(16, 4, 1, 2)).status == "ok"
+    t = o.sets[0]
+    name = "Sinks" if o.spec.sinks else f"XP_{o.spec.params[0].name}"
+    t[name].add_(1.0)
+    o.hooks.__dict__.pop("_replays", None)
+    assert o.run(DecodeConfig(16, 4, 1, 2)).status == "failed"
+
+
+def test_plan_takes_expression_kernels():
+    from attngen.tuning.targets import TuneOptions, plan
 
     targets = plan(TuneOptions(device="h100", specs=["specs/t5_base.yaml"], families=("fwd", "bwd")))
     assert targets and all(t.spec.has_expr for t in targets)
-    with pytest.raises(TuneError, match="decode kernels with expressions"):
-        plan(TuneOptions(device="h100", specs=["specs/gpt_oss_20b.yaml"], families=("decode",)))
+    targets = plan(TuneOptions(device="h100", specs=["specs/gpt_oss_20b.yaml"], families=("decode",)))
+    assert targets and all(t.spec.has_expr and t.spec.family == "decode" for t in targets)
