@@ -5,12 +5,12 @@ are the runtime's plan-cached forward_impl / backward_impl; nothing here runs wh
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
 from attngen.families.decode import Rotary
-from attngen.runtime import api, fp8, kvcache, prefill, validate
+from attngen.runtime import api, exprs, fp8, kvcache, prefill, validate
 
 
 def _opts(scale, softcap, window_left, window_right, mask, top_left, layout) -> "validate.Options":
@@ -76,15 +76,20 @@ def attention_fwd(q, k, v, cu_q, cu_k, max_q: int, max_k: int, opts: "validate.O
 def _kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: Optional[torch.Tensor],
              k: Optional[torch.Tensor], v: Optional[torch.Tensor], block_table: Optional[torch.Tensor],
              scale: float, softcap: float, window_left: int, window_right: int, mask: str,
-             new_len: int, num_splits: int, k_descale: Optional[torch.Tensor] = None,
+             new_len: int, num_splits: int, params: List[torch.Tensor], k_descale: Optional[torch.Tensor] = None,
              v_descale: Optional[torch.Tensor] = None, validate: bool = False,
              cache_batch_idx: Optional[torch.Tensor] = None, cache_leftpad: Optional[torch.Tensor] = None,
              rotary_cos: Optional[torch.Tensor] = None, rotary_sin: Optional[torch.Tensor] = None,
-             rotary_interleaved: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+             rotary_interleaved: bool = True, sinks: Optional[torch.Tensor] = None, names: str = "",
+             mask_expr: str = "", score_expr: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     opts = _opts(scale, softcap, window_left, window_right, mask, False, "bshd")
     rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, mask != "none")
+    extra = None
+    if mask_expr or score_expr or sinks is not None or names:  # expressions as text (attention_kvcache)
+        opts, extra, _ = exprs.expr_options(q, q.shape[2], opts, mask_expr or None, score_expr or None, sinks,
+                                            dict(zip(names.split(",") if names else [], params)), set())
     return kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len, num_splits,
-                                k_descale, v_descale, validate, None, (cache_batch_idx, cache_leftpad), rotary)
+                                k_descale, v_descale, validate, extra, (cache_batch_idx, cache_leftpad), rotary)
 
 
 @_kvcache.register_fake
@@ -94,11 +99,22 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
 
 
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int,
-                      k_descale=None, v_descale=None, validate: bool = False, indices=(None, None), rotary=None):
+                      k_descale=None, v_descale=None, validate: bool = False, indices=(None, None), rotary=None,
+                      sinks=None, params=None, mask_text=None, score_text=None):
+    """The custom op's call. Expressions (mask_text / score_text) only as text: a Python callable
+    cannot be traced inside torch.compile (attngen.trace_mask_mod / trace_score_mod give its text
+    and tensors outside the compiled region)."""
+    for name, fn in (("mask_mod", mask_text), ("score_mod", score_text)):
+        if fn is not None and not isinstance(fn, str):
+            raise ValueError(f"{name}: inside torch.compile attngen takes expressions as text (a Python "
+                             "callable is traced outside the compiled region: attngen.trace_mask_mod / "
+                             "trace_score_mod give its text and tensors)")
     cos, sin, interleaved = rotary[:3] if rotary else (None, None, True)
+    names = sorted(params or {})
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
-                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits, k_descale, v_descale,
-                    validate, *indices, cos, sin, interleaved)
+                    opts.window_left, opts.window_right, opts.mask, new_len, num_splits, [params[n] for n in names],
+                    k_descale, v_descale, validate, *indices, cos, sin, interleaved, sinks, ",".join(names),
+                    mask_text or "", score_text or "")
 
 
 @torch.library.custom_op("attngen::attention_prefill_paged", mutates_args=())

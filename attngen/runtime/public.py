@@ -219,7 +219,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     """Attention of a short query on a KV cache (decoding), split over the key axis.
 
     mask_mod / score_mod / params / sinks: expressions and learned sinks as attention() takes them
-    (q_idx is the query's position in the row's keys: kv_len - Sq + i); inference only.
+    (q_idx is the query's position in the row's keys: kv_len - Sq + i); inference only; inside
+    torch.compile as text (the `attngen::attention_kvcache` custom op takes them).
 
     q (B, Sq, Hq, D), Sq from 1 to 16; caches (B, S_max, Hkv, D), or paged (num_pages, page_size,
     Hkv, D) with `block_table` (B, max_pages) int32 (page_size a multiple of 16); the head dim
@@ -286,8 +287,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     # an expression takes it in)
     rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, opts.mask != "none")
     if mask_mod is not None or score_mod is not None or sinks is not None or params:
-        if torch.compiler.is_compiling():
-            raise ValueError("mask_mod / score_mod / sinks: not yet supported inside torch.compile")
+        if torch.compiler.is_compiling():  # one custom op, expressions as text
+            out, lse = ops.attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
+                                             num_splits, k_descale, v_descale, check, indices, rotary, sinks,
+                                             params, mask_mod, score_mod)
+            return (out, lse) if return_lse else out
         opts, extra, _ = exprs.expr_options(q, q.shape[2], opts, mask_mod, score_mod,
                                             None if sinks is None else sinks.detach(),
                                             {n: t.detach() for n, t in (params or {}).items()})

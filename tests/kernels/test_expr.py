@@ -362,3 +362,32 @@ def test_variant_by_name():
                       ({"variant": "bloom_560m"}, "needs 'slope'")]:
         with pytest.raises(ValueError, match=match):
             attngen.attention(q, k, v, **kw)
+
+
+def test_kvcache_expressions_under_torch_compile():
+    # attention_with_kvcache under torch.compile(fullgraph=True) with expressions as text, a
+    # parameter and sinks: one custom op; the same output as the eager call, bitwise, and the same
+    # append into the cache
+    g = torch.Generator().manual_seed(17)
+    B, Hq, Hkv, D, cap = 2, 4, 2, 32, 64
+    mk = lambda *s: torch.randn(*s, generator=g).to(torch.float16)  # noqa: E731
+    q, kn, vn = mk(B, 1, Hq, D), mk(B, 1, Hkv, D), mk(B, 1, Hkv, D)
+    kc, vc = mk(B, cap, Hkv, D), mk(B, cap, Hkv, D)
+    lens = torch.tensor([21, 50], dtype=torch.int32)
+    slope, sinks = torch.rand(Hq) * 0.2, torch.randn(Hq)
+    kw = dict(mask_mod="(kv_idx <= q_idx) and (q_idx - kv_idx < 24 or kv_idx < 3)",
+              score_mod="score - s[h] * abs(q_idx - kv_idx)", params={"s": slope}, sinks=sinks)
+
+    def fn(q, kc, vc, lens, kn, vn):
+        return attngen.attention_with_kvcache(q, kc, vc, lens, k=kn, v=vn, causal=False, **kw)
+
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    with torch.no_grad():
+        eager = fn(q, *caches[0], lens, kn, vn)
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(q, *caches[1], lens, kn, vn)
+    assert torch.equal(eager, compiled)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    with pytest.raises(Exception, match="mask_mod: inside torch.compile attngen takes expressions as text"):
+        with torch.no_grad():
+            torch.compile(lambda q: attngen.attention_with_kvcache(
+                q, kc, vc, lens, mask_mod=lambda b, h, qi, ki: ki <= qi), fullgraph=True, backend="aot_eager")(q)
