@@ -146,7 +146,7 @@ def test_varlen_alibi_per_document_slopes():
 
 
 def _same(a, b, what):
-    assert torch.equal(a, b), f"{what}: the packed and unpacked calls differ"
+    assert torch.equal(a, b), f"{what}: the two calls differ"
 
 
 def test_packed_functions_equal_the_unpacked_ones():
@@ -361,3 +361,47 @@ def test_module_is_a_submodule_of_attngen():
 
     assert importlib.import_module("attngen.flash_attn_interface") is fa
     assert set(fa.__all__) <= set(dir(fa)) and attngen.flash_attn_interface is fa
+
+
+def test_kvcache_rotary_batch_idx_and_leftpad_reach_attngen():
+    # flash_attn_with_kvcache's rotary / cache_batch_idx / cache_leftpad run attngen's KV-cache
+    # kernels: the same output and cache, bitwise, as attention_with_kvcache called directly
+    g = torch.Generator().manual_seed(23)
+    B, Hq, Hkv, D, S = 2, 4, 2, 32, 48
+    mk = lambda *s: torch.randn(*s, generator=g).to(F16)  # noqa: E731
+    q, kn, vn = mk(B, 1, Hq, D), mk(B, 1, Hkv, D), mk(B, 1, Hkv, D)
+    kc, vc = mk(3, S, Hkv, D), mk(3, S, Hkv, D)  # three cache rows, two used
+    lens = torch.tensor([20, 31], dtype=torch.int32)
+    idx = torch.tensor([2, 0], dtype=torch.int32)
+    pad = torch.tensor([3, 0], dtype=torch.int32)
+    angles = torch.rand(S, D // 4, generator=g) * 3.0
+    cos, sin = angles.cos().to(F16), angles.sin().to(F16)
+    caches = [(kc.clone(), vc.clone()) for _ in range(2)]
+    with torch.no_grad():
+        got, lse = fa.flash_attn_with_kvcache(q, *caches[0], kn, vn, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens,
+                                              cache_batch_idx=idx, cache_leftpad=pad, causal=True,
+                                              rotary_interleaved=False, return_softmax_lse=True)
+        want, lse_w = attngen.attention_with_kvcache(q, *caches[1], lens, k=kn, v=vn, rotary_cos=cos, rotary_sin=sin,
+                                                     rotary_interleaved=False, cache_batch_idx=idx,
+                                                     cache_leftpad=pad, causal=True, return_lse=True)
+    _same(got, want, "out")
+    _same(lse, lse_w, "lse")
+    _same(caches[0][0], caches[1][0], "k_cache")
+    assert not torch.equal(caches[0][0], kc), "nothing appended"
+
+
+def test_varlen_block_table_reaches_the_paged_prefill():
+    # flash_attn_varlen_func with a block table and seqused_k: attngen's paged prefill, the same as
+    # attention_varlen called directly
+    g = torch.Generator().manual_seed(24)
+    Hq, Hkv, D, page = 4, 2, 32, 16
+    mk = lambda *s: torch.randn(*s, generator=g).to(F16)  # noqa: E731
+    cu_q = torch.tensor([0, 7, 30], dtype=torch.int32)
+    used = torch.tensor([40, 61], dtype=torch.int32)
+    table = torch.randperm(10, generator=g)[:8].reshape(2, 4).to(torch.int32)
+    q = mk(30, Hq, D)
+    kp, vp = mk(10, page, Hkv, D), mk(10, page, Hkv, D)
+    cu_k = torch.tensor([0, 40, 101], dtype=torch.int32)
+    got = fa.flash_attn_varlen_func(q, kp, vp, cu_q, cu_k, 23, 64, causal=True, block_table=table, seqused_k=used)
+    want = attngen.attention_varlen(q, kp, vp, cu_q, cu_k, 23, 64, causal=True, block_table=table, seqused_k=used)
+    _same(got, want, "out")
