@@ -20,7 +20,7 @@ from attngen.families.base import SMEM_LIMIT, Family, _pow2, require_valid
 from attngen.families.decode import FLAG_SLOTS as DECODE_FLAG_SLOTS
 from attngen.families.decode import NUM_FLAGS
 from attngen.families.fwd import SPACE as FWD_SPACE
-from attngen.kernels.launch import Launch, programs
+from attngen.kernels.launch import Launch, expr_values, programs
 from attngen.spec import KernelSpec
 
 # the slots of the metadata flag tensor (attngen.runtime.kvguard.flags: one per device, shared
@@ -56,6 +56,8 @@ def check_prefill_paged(spec: KernelSpec, cfg: PrefillPagedConfig) -> str | None
     """None if `cfg` can launch `spec`'s prefill_paged kernel, else the reason (the tuner records it)."""
     if spec.varlen:
         return "prefill_paged kernels always take packed queries (their spec has varlen off)"
+    if spec.has_expr and cfg.pack_gqa and spec.gqa_ratio > 1:
+        return "a kernel with expressions takes one query head a tile (pack_gqa off): h is one value a tile"
     if not (_pow2(cfg.block_m) and _pow2(cfg.block_n)):
         return "block sizes must be powers of two"
     if not (16 <= cfg.block_m <= 256 and 16 <= cfg.block_n <= 256):
@@ -83,6 +85,11 @@ def default_prefill_paged_config(spec: KernelSpec, device_kind: str = "cuda", se
                                  window: int | None = None) -> PrefillPagedConfig:
     """The family's default: big tiles in the interpreter (its cost is per tile operation), else
     by head dim, mask and the bucket's query length (seqlen_q: the longest chunk's class)."""
+    pack = not spec.has_expr  # expression kernels: one query head a tile (check_prefill_paged)
+    return dataclasses.replace(_default(spec, device_kind, seqlen_q), pack_gqa=pack)
+
+
+def _default(spec: KernelSpec, device_kind: str, seqlen_q: int) -> PrefillPagedConfig:
     if device_kind == "cpu":
         return PrefillPagedConfig(64, 64, 4, 1)
     d = max(spec.head_dim_qk, spec.head_dim_v)
@@ -101,14 +108,15 @@ def row_heads(spec: KernelSpec, cfg: PrefillPagedConfig) -> int:
 
 def prefill_paged_launches(mod, spec: KernelSpec, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
                            block_table, max_seqlen_q: int, mask, cfg: PrefillPagedConfig,
-                           flags=None) -> list[Launch]:
+                           flags=None, extra: dict | None = None) -> list[Launch]:
     """q (total_q, Hq, D), out (total_q, Hq, Dv), lse (Hq, total_q) fp32; k / v (num_pages,
     page_size, Hkv, D) with page_size a multiple of 16 and block_table (B, max_pages) int32;
     cu_seqlens_q (B + 1,) int32; the key counts from seqused_k (B,) int32, or, when it is None,
     from cu_seqlens_k (B + 1,) int32. Head dims contiguous. max_seqlen_q: at least the longest
     chunk (the grid's query blocks). flags: the int32 (NUM_FLAGS,) tensor the kernel flags
     metadata out of range in (None: a scratch one). Whatever the key counts and the table hold,
-    the kernel reads the table only inside a sequence's row and no page outside [0, num_pages)."""
+    the kernel reads the table only inside a sequence's row and no page outside [0, num_pages).
+    extra: an expression kernel's parameter tensors and sinks (kernels.launch.expr_values)."""
     require_valid(spec, cfg, check_prefill_paged)
     if flags is None:
         import torch
@@ -134,7 +142,7 @@ def prefill_paged_launches(mod, spec: KernelSpec, q, k, v, out, lse, cu_seqlens_
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "ROW_HEADS": rh, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
         "HAS_SEQUSED": seqused_k is not None, "ALIGN_TOP_LEFT": mask.align_top_left,
-        "LAZY_RESCALE": bool(cfg.lazy_rescale),
+        "LAZY_RESCALE": bool(cfg.lazy_rescale), **expr_values(extra),
     }
     grid = programs(blocks, seqs * groups, "q") if blocks and seqs else 0
     return [Launch.of(mod, "_attn_prefill_paged", grid, values, cfg.num_warps, cfg.num_stages)]

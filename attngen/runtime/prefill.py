@@ -22,6 +22,7 @@ from attngen.buckets import bucket_of
 from attngen.families import family
 from attngen.kernels.common import MAX_SEQLEN
 from attngen.runtime import dispatch, kvguard, validate
+from attngen.runtime.api import extra_key
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache
 
@@ -108,7 +109,7 @@ class PrefillPagedPlan(Plan):
     FAMILY = PREFILL
     ALIGNED = ("Q", "K", "V")
 
-    def __init__(self, q, k, v, opts, cu_q, cu_k, seqused_k, block_table, max_q: int, max_k: int):
+    def __init__(self, q, k, v, opts, cu_q, cu_k, seqused_k, block_table, max_q: int, max_k: int, extra=None):
         total_q, hq, dqk = q.shape
         hkv, dv = k.shape[2], v.shape[3]
         seqs = cu_q.numel() - 1
@@ -120,16 +121,16 @@ class PrefillPagedPlan(Plan):
         self.flags = kvguard.flags(q.device)
         out, lse = self.empty()
         self.compile(prefill_launches(self.module, self.spec, q, k, v, out, lse, cu_q, cu_k, seqused_k, block_table,
-                                      max_q, opts.mask_args, self.config, self.flags))
+                                      max_q, opts.mask_args, self.config, self.flags, extra=extra))
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
                 torch.empty(self.lse_shape, dtype=torch.float32, device=self.device))
 
-    def run(self, q, k, v, cu_q, cu_k, seqused_k, block_table):
+    def run(self, q, k, v, cu_q, cu_k, seqused_k, block_table, extra=None):
         out, lse = self.empty()
         self.launch({"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k,
-                     "SequsedK": seqused_k, "BlockTable": block_table, "Flags": self.flags})
+                     "SequsedK": seqused_k, "BlockTable": block_table, "Flags": self.flags, **(extra or {})})
         return out, lse
 
 
@@ -137,7 +138,7 @@ _PLANS = PlanCache()
 
 
 def prefill_impl(q, k, v, cu_q, cu_k, max_q: int, max_k: int, block_table, seqused_k, opts,
-                 validate_values: bool = False):
+                 validate_values: bool = False, extra=None):
     """(out, lse) of a checked call; the body of the custom op. cu_seqlens_q's values are checked
     on the host; the key counts and the table when they are there already (CPU tensors) or
     `validate_values` asks (a device-to-host copy; skipped while a CUDA graph is captured)."""
@@ -146,17 +147,17 @@ def prefill_impl(q, k, v, cu_q, cu_k, max_q: int, max_k: int, block_table, sequs
         kvguard.check_prefill_values(seqused_k, cu_k, block_table, k.shape[0], k.shape[1])
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, q.device, opts, cu_q.shape,
            cu_k is None, seqused_k is None, block_table.shape, block_table.stride(), max_q, max_k,
-           dispatch.override())
+           dispatch.override(), extra_key(extra))
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _PLANS.put(key, PrefillPagedPlan(q, k, v, opts, cu_q, cu_k, seqused_k, block_table, max_q, max_k))
-    return plan.run(q, k, v, cu_q, cu_k, seqused_k, block_table)
+        plan = _PLANS.put(key, PrefillPagedPlan(q, k, v, opts, cu_q, cu_k, seqused_k, block_table, max_q, max_k,
+                                                extra))
+    return plan.run(q, k, v, cu_q, cu_k, seqused_k, block_table, extra)
 
 
 # the attention_varlen options the paged call does not take, and why
-_NOT_PAGED = {"precision": "the fp8 kernels read packed k / v", "mask_mod": "no expressions yet",
-              "score_mod": "no expressions yet", "sinks": "no sinks yet", "params": "no expressions yet",
-              "variant": "variants are expressions and sinks"}
+_NOT_PAGED = {"precision": "the fp8 kernels read packed k / v", "variant": "no spec variants yet; give the "
+              "variant's expressions as mask_mod / score_mod"}
 
 
 def prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, seqused_k, causal,

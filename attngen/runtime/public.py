@@ -167,15 +167,20 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     if block_table is not None or seqused_k is not None:
         opts, check = prefill.prepare(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, seqused_k, causal,
-            window_size, softcap, scale, causal_alignment, {"precision": precision, "mask_mod": mask_mod,
-                                                            "score_mod": score_mod, "sinks": sinks,
-                                                            "params": params, "variant": variant})
+            window_size, softcap, scale, causal_alignment, {"precision": precision, "variant": variant})
+        extra = None
+        if mask_mod is not None or score_mod is not None or sinks is not None or params:
+            if torch.compiler.is_compiling():
+                raise ValueError("mask_mod / score_mod / sinks: with block_table not yet inside torch.compile")
+            opts, extra, _ = exprs.expr_options(q, q.shape[1], opts, mask_mod, score_mod,
+                                                None if sinks is None else sinks.detach(),
+                                                {n: t.detach() for n, t in (params or {}).items()}, set())
         if torch.compiler.is_compiling():
             out, lse = ops.attention_prefill_paged(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                    block_table, seqused_k, opts, check)
         else:
             out, lse = prefill.prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                            block_table, seqused_k, opts, check)
+                                            block_table, seqused_k, opts, check, extra)
         return (out, lse) if return_lse else out
     validate.check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     if variant is not None:

@@ -219,8 +219,9 @@ def _parse_entry(path: str, index: int, raw: Any, problems: list[str]) -> SpecEn
     x = entry_expressions(e, mask, softcap, dtypes, sink_window)
     if x is not None and "families" in raw and families and "prefill_paged" in families and (
             x.mask_expr or x.score_expr or x.sinks):
-        e.bad("families", "prefill_paged: the paged prefill kernels take no expressions or sinks yet (mask, "
-                          "score_mod, sinks); leave it out of this entry's families")
+        e.bad("families", "prefill_paged: spec files do not build paged prefill kernels with expressions or "
+                          "sinks yet (mask, score_mod, sinks; attention_varlen renders them on first use); leave it "
+                          "out of this entry's families")
     if x is not None and x.window is not None:
         window = x.window  # a named mask that is the built-in sliding window (gpt_oss_swa)
     if len(problems) > start:

@@ -159,8 +159,6 @@ def _check_kernel_spec(k: KernelSpec) -> list[str]:
         p.append(f"family must be one of {FAMILIES}, got {k.family!r}")
     if k.family in CACHE_FAMILIES and k.varlen:
         p.append(f"{k.family} kernels read a KV cache, not packed documents (varlen)")
-    if k.family == "prefill_paged" and k.has_expr:
-        p.append("prefill_paged kernels take no expressions or sinks yet")
     if k.dtype not in DTYPES:
         p.append(f"dtype must be one of {DTYPES}, got {k.dtype!r}")
     if k.target not in TARGETS:

@@ -199,7 +199,7 @@ def _errors():
         ({"used": lambda t: t["used"].repeat(2)[::2]}, r"seqused_k: its last dim must be contiguous"),
         ({"v": lambda t: t["v"][:, :, :1]}, r"v: shape .* differs from k's"),
         ({"q": lambda t: t["q"][:, :3]}, r"q: 3 query heads is not a multiple of the 2 KV heads"),
-        ({"kw": lambda t: {"mask_mod": lambda b, h, i, j: i >= j}}, r"mask_mod: not supported with block_table"),
+        ({"kw": lambda t: {"variant": "gpt_oss_20b_sliding"}}, r"variant: not supported with block_table"),
         ({"kw": lambda t: {"precision": "fp8"}}, r"precision: not supported with block_table"),
     ]
 
@@ -240,8 +240,12 @@ def test_configs_defaults_and_space():
     s = KernelSpec("prefill_paged", "bf16", "sm80", 256, 256, 1, "causal")
     assert "shared memory" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(128, 128, 8, 4))
     assert "powers of two" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(48, 64, 4, 1))
-    with pytest.raises(ValueError, match="prefill_paged kernels take no expressions"):
-        KernelSpec("prefill_paged", "bf16", "sm80", 64, 64, 1, "none", sinks=True)
+    # an expression kernel takes one query head a tile: its default leaves GQA unpacked, and a
+    # packed config is refused
+    s = KernelSpec("prefill_paged", "bf16", "sm80", 64, 64, 4, "none", sinks=True)
+    cfg = fp.default_prefill_paged_config(s, "cuda", 4096)
+    assert not cfg.pack_gqa and fp.check_prefill_paged(s, cfg) is None
+    assert "one query head a tile" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(64, 64, 4, 2))
 
 
 def test_tuning_objective_runs_the_paged_problem():
@@ -262,3 +266,27 @@ def test_tuning_objective_runs_the_paged_problem():
     ok = o.run(fp.PrefillPagedConfig(16, 32, 4, 1))
     assert ok.status == "ok" and ok.tflops == pytest.approx(p.flops() / 2.0 / 1e9), ok
     assert o.run(fp.PrefillPagedConfig(24, 32, 4, 1)).status == "invalid"
+
+
+@pytest.mark.parametrize("hq, hkv", [(4, 2), (3, 3)])
+def test_expressions_and_sinks_on_a_paged_cache(hq, hkv):
+    # a mask expression (causal, a window and sink tokens), a score expression with a per-head
+    # parameter (ALiBi) and learned sinks on the paged prefill: each sequence against float64 on
+    # its dense keys (the expressions' reference of tests/kernels/test_expr.py), rule 2x
+    from tests.kernels.test_expr import reference as expr_reference
+
+    lq, lk = [5, 23, 1], [40, 61, 17]
+    q, kp, vp, table, cu_q, cu_k, used = _call_inputs(lq, lk, hq, hkv, 32, 16, seed=9)
+    slopes, sinks = torch.linspace(0.5, 0.05, hq), torch.linspace(-1.0, 2.0, hq)
+    mask_mod = lambda b, h, qi, ki: (ki <= qi) & ((qi - ki < 9) | (ki < 2))  # noqa: E731
+    score_mod = lambda s, b, h, qi, ki: s - slopes[h] * (qi - ki).abs()  # noqa: E731
+    with torch.no_grad():
+        out = attngen.attention_varlen(q, kp, vp, cu_q, cu_k, max(lq), 64, block_table=table, seqused_k=used,
+                                       mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)
+    k, v, ck = dense_keys(kp, table, lk), dense_keys(vp, table, lk), cumulative(lk)
+    for b in range(len(lq)):
+        qs, ks, vs = (x[c[b]:c[b + 1]].transpose(0, 1)[None] for x, c in ((q, cu_q), (k, ck), (v, ck)))
+        ref = expr_reference(qs, ks, vs, mask_mod, score_mod, sinks)
+        ref_pt = expr_reference(qs, ks, vs, mask_mod, score_mod, sinks, upcast=False)
+        got = out[cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None]
+        assert_flash_rule(f"sequence {b}", got, ref, ref_pt, 2.0)
