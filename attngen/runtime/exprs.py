@@ -42,65 +42,89 @@ def _decl(name: str, t, learnable: bool) -> X.ParamDecl:
     return X.ParamDecl(name, tuple(t.shape), _DTYPES[t.dtype], learnable)
 
 
-def _text(what, kind: str, params: dict) -> str:
-    """Canonical text of a mask / score expression given as text."""
-    decls = {n: _decl(n, t, False) for n, t in params.items()}
-    try:
-        return X.to_text(X.parse(what, kind, decls))
-    except X.ExprError as e:
-        raise ValueError(f"{'mask_mod' if kind == 'mask' else 'score_mod'}: " + "; ".join(e.problems)) from None
-
-
 def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[ExprSpec, dict, list]:
     """(ExprSpec, kernel tensors by name, [(name, tensor) of parameters that want a gradient]).
-    learnable: the names of the parameters that want one (None: those that require grad)."""
+    learnable: the names of the parameters that want one (None: those that require grad).
+
+    A callable is traced at every call (tens of microseconds: a closure's tensors and numbers may
+    have changed since the last one); the parsing and checking of the resulting text is cached on
+    the text and the parameters' names, dtypes, shapes and learnable flags (_SPECS)."""
     tensors = dict(params or {})
-    texts = {}
+    sources = []
     for kind, fn in (("mask", mask_mod), ("score", score_mod)):
         if fn is None:
-            texts[kind] = ""
+            sources.append("")
         elif isinstance(fn, str):
-            texts[kind] = _text(fn, kind, tensors)
+            sources.append(("text", fn))
         elif callable(fn):
             traced = trace.trace_mask_mod(fn) if kind == "mask" else trace.trace_score_mod(fn)
-            expr = traced.expr
-            for name, t in traced.params:  # traced names p0, p1, ...: prefix by kind
-                new = f"{kind[0]}{name}"
-                expr = _rename(expr, name, new)
-                tensors[new] = t
-            texts[kind] = _text(expr, kind, tensors)
+            names = []
+            for name, t in traced.params:  # traced names p0, p1, ...: prefixed by kind below
+                tensors[f"{kind[0]}{name}"] = t
+                names.append(name)
+            sources.append(("traced", traced.expr, tuple(names)))
         else:
             raise ValueError(f"{kind}_mod: expected a callable or an expression string, got {type(fn).__name__}")
-    used = set()
-    for kind in ("mask", "score"):
-        if texts[kind]:
-            used |= set(X.params_used(X.parse(texts[kind], kind, {n: _decl(n, t, False)
-                                                                   for n, t in tensors.items()})))
-    for name, t in tensors.items():
-        if name not in used:
-            raise ValueError(f"params: '{name}' is not used by the expressions")
-        if t.device != q.device:
-            raise ValueError(f"params: '{name}' is on {t.device}, but q is on {q.device}")
+    decls = {n: _decl(n, t, False) for n, t in tensors.items()}  # checks each tensor's type and dtype
     wants = (lambda n: tensors[n].requires_grad) if learnable is None else (lambda n: n in learnable)
-    learn = [(n, t) for n, t in tensors.items() if wants(n)]
-    mask_params = set(X.params_used(X.parse(texts["mask"], "mask", {n: _decl(n, t, False) for n, t in
-                                                                      tensors.items()}))) if texts["mask"] else set()
-    for n, _ in learn:
-        if n in mask_params:
-            raise ValueError(f"params: '{n}' requires grad but is used in the mask (a mask is not differentiable)")
-    nodes = [X.parse(texts[kind], kind, {n: _decl(n, t, False) for n, t in tensors.items()})
-             for kind in ("mask", "score") if texts[kind]]
-    decls = tuple(X.ParamDecl(n, X.axis_shape(nodes, n, tuple(tensors[n].shape)), _DTYPES[tensors[n].dtype],
-                              wants(n)) for n in sorted(used))
+    key = (tuple(sources), tuple(decls.values()), tuple(n for n in tensors if wants(n)))
+    hit = _SPECS.get(key)
+    if hit is None:
+        hit = _resolve_text(sources, decls, key[2])
+        if len(_SPECS) >= 256:
+            _SPECS.pop(next(iter(_SPECS)))
+        _SPECS[key] = hit
+    texts, used, decl_out = hit
+    for name in used:
+        if tensors[name].device != q.device:
+            raise ValueError(f"params: '{name}' is on {tensors[name].device}, but q is on {q.device}")
+    learn = [(n, tensors[n]) for n in key[2]]
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
             raise ValueError("sinks: expected a float torch.Tensor (num_q_heads,)")
         if sinks.device != q.device:
             raise ValueError(f"sinks: on {sinks.device}, but q is on {q.device}")
-    extra = {f"XP_{n}": tensors[n].detach() for n in sorted(used)}
+    extra = {f"XP_{n}": tensors[n].detach() for n in used}
     if sinks is not None:
         extra["Sinks"] = sinks.detach().float().contiguous()
-    return ExprSpec(texts["mask"], texts["score"], decls, sinks is not None), extra, learn
+    return ExprSpec(texts[0], texts[1], decl_out, sinks is not None), extra, learn
+
+
+# (sources, parameter declarations, learnable names) -> (texts, used names sorted, ParamDecls)
+_SPECS: dict = {}
+
+
+def _resolve_text(sources, decls: dict, learn_names: tuple):
+    """The canonical mask / score texts of a call's expressions, the parameters they use (sorted)
+    and their declarations; raises ValueError on an unused parameter or a learnable one in the
+    mask. Depends only on its arguments (resolve caches it)."""
+    texts = []
+    for kind, src in zip(("mask", "score"), sources):
+        if not src:
+            texts.append("")
+            continue
+        expr = src[1]
+        if src[0] == "traced":
+            for name in src[2]:
+                expr = _rename(expr, name, f"{kind[0]}{name}")
+        try:
+            texts.append(X.to_text(X.parse(expr, kind, decls)))
+        except X.ExprError as e:
+            raise ValueError(f"{'mask_mod' if kind == 'mask' else 'score_mod'}: " + "; ".join(e.problems)) from None
+    nodes = {kind: X.parse(t, kind, decls) for kind, t in zip(("mask", "score"), texts) if t}
+    used = set()
+    for node in nodes.values():
+        used |= set(X.params_used(node))
+    for name in decls:
+        if name not in used:
+            raise ValueError(f"params: '{name}' is not used by the expressions")
+    mask_params = set(X.params_used(nodes["mask"])) if "mask" in nodes else set()
+    for n in learn_names:
+        if n in mask_params:
+            raise ValueError(f"params: '{n}' requires grad but is used in the mask (a mask is not differentiable)")
+    out = tuple(X.ParamDecl(n, X.axis_shape(list(nodes.values()), n, decls[n].shape), decls[n].dtype,
+                            n in learn_names) for n in sorted(used))
+    return tuple(texts), tuple(sorted(used)), out
 
 
 def _rename(text: str, old: str, new: str) -> str:
@@ -117,10 +141,24 @@ def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks,
     """(opts carrying the call's ExprSpec, kernel tensors, learnable parameters). A mask expression
     that is a built-in mask (attngen.spec.expr_terms.builtin_mask) becomes that mask; a built-in
     mask given with another mask expression joins it (both must keep a pair: one expression)."""
-    import dataclasses
-
     x, extra, learn = resolve(q, mask_mod, score_mod, sinks, params, learnable)
     check_sinks(sinks, hq)
+    key = (x, opts)
+    out = _OPTIONS.get(key)
+    if out is None:
+        out = _options(x, opts)
+        if len(_OPTIONS) >= 256:
+            _OPTIONS.pop(next(iter(_OPTIONS)))
+        _OPTIONS[key] = out
+    return out, extra, learn
+
+
+_OPTIONS: dict = {}  # (ExprSpec, Options) -> Options
+
+
+def _options(x: ExprSpec, opts: validate.Options) -> validate.Options:
+    import dataclasses
+
     if x.mask_expr and opts.mask == "none":
         # a mask that is a built-in one (causal, a causal window) runs the built-in mask's kernels:
         # the shipped and tuned ones, no mask expression in the loop
@@ -138,7 +176,7 @@ def expr_options(q, hq: int, opts: validate.Options, mask_mod, score_mod, sinks,
     if x.score_expr and opts.softcap > 0:
         raise ValueError("softcap: a score_mod replaces softcapping; write it in the expression "
                          "(tanh(score / cap) * cap)")
-    return dataclasses.replace(opts, expr=x), extra, learn
+    return dataclasses.replace(opts, expr=x)
 
 
 def check_sinks(sinks, hq: int) -> None:
