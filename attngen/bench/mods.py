@@ -23,6 +23,7 @@ ROWS = [
     ("prefix_lm_1k_of_8k", 2, 8, 4, 8192, 256, "prefix"),
     ("t5_bias_2k", 4, 12, 12, 2048, 64, "t5"),
     ("document_window_8k", 1, 32, 8, 8192, 128, "doc_window"),
+    ("documents8_causal_8k", 1, 32, 8, 8192, 128, "docs"),
 ]
 
 
@@ -52,6 +53,9 @@ def _mods(kind: str, B: int, H: int, S: int, device):
     if kind == "doc_window":
         doc = (torch.arange(S, device=device) // 1500).to(torch.int32)
         return (lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q) & (q - k < 512)), None, None
+    if kind == "docs":  # eight documents of 1024 packed in one sequence, ids gathered per position
+        doc = (torch.arange(S, device=device) // 1024).to(torch.int32)
+        return (lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q)), None, None
     raise ValueError(kind)
 
 

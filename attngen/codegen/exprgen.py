@@ -161,9 +161,11 @@ def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
 
 
 def tile_live(spec: KernelSpec, row_lo: str, row_hi: str, col_lo: str, col_hi: str) -> str:
-    """Statements leaving in `x_live` whether the mask may keep some pair of the tile."""
+    """Statements leaving in `x_live` whether the mask may keep some pair of the tile (the
+    forward's inner loops, where `rows` and `cols` are the tile's query rows and keys)."""
     node = mask_node(spec)
-    b = XC.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_")
+    b = XC.Bounds(_box(row_lo, row_hi, False, "kv_idx", col_lo, col_hi), _load(spec), "xt_",
+                  {"q_idx": "(rows + diag_offset)", "kv_idx": "cols"})  # the tile's index vectors
     may, _ = b.boolean(node)
     return "\n".join(b.lines + [f"x_live = {may if may is not None else True}"])
 

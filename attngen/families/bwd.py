@@ -17,6 +17,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
                                     programs, roles, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
+from attngen.spec.expr_terms import key_reach, mask_node
 
 
 @dataclass(frozen=True)
@@ -246,6 +247,20 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if check_bwd(spec, ws) is None:
             return ws
+    if tma and spec.has_expr:
+        # expression kernels (no Gluon passes). H100, forward+backward ms, the default below ->
+        # these (benchmarks/ab/h100_ab_expr_config_sweep_2026-12-06.jsonl, then
+        # h100_bench_mods_exprdefaults_2026-12-06.json): hd256 prefix-LM, split passes with
+        # 128-key blocks, 10.92 -> 9.96; hd <= 128 with a mask that keeps each query's keys within
+        # a short reach (a window), 32-query steps in the dK/dV pass, as for built-in short
+        # windows: document ids + 512-key window 2.03 -> 1.32. Longer reaches keep 64-query steps
+        # (Llama 4's 8192-key chunks: 22.4 with them, 24.4 with 32)
+        if d > 128:
+            return BwdConfig(32, 128, 8, 2, 64, 64, 4, 2, tma=True, split_dkdv=True)
+        node = mask_node(spec)
+        reach = None if node is None else key_reach(node)
+        if reach is not None and reach < SHORT_WINDOW:
+            return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=True)
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
         if spec.mask == "sliding_window" and window is not None and window <= SHORT_WINDOW:
             # 32-query steps in the dK/dV pass waste less on a short window's two masked edges: a

@@ -118,8 +118,10 @@ def _expressions(spec) -> dict:
         "params": [p.text() for p in spec.params], "sinks": spec.sinks,
         "tile_classification": None if node is None else (
             "key loop [lo, hi) from the mask's bounds over each query block; [full_lo, full_hi) runs "
-            "without mask math" + ("; the mask has gaps inside that range (or / conditions): their "
-                                   "tiles are masked, not skipped" if needs_tile_skip(node, "kv_idx") else "")),
+            "without mask math" + ("; the mask has gaps inside that range (an `or`, a condition, a "
+                                   "parameter gathered along kv_idx): the forward tests each masked tile "
+                                   "and skips those it keeps nothing of (not the warp-specialized loop), "
+                                   "the backward masks them" if needs_tile_skip(node, "kv_idx") else "")),
     }}
 
 

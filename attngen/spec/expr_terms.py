@@ -125,3 +125,38 @@ def builtin_mask(node) -> int | None:
     if upper != 0 or (lower is not None and lower > 0):
         return None
     return -1 if lower is None else -lower
+
+
+def key_reach(node) -> int | None:
+    """An upper bound on q_idx - kv_idx over the pairs mask `node` keeps, from its top-level
+    conjuncts: a window (q_idx - kv_idx < C, kv_idx >= q_idx - C, ...) or chunks (q_idx // C ==
+    kv_idx // C); None when no conjunct bounds it. The backward picks its tiles by it."""
+    terms, stack = [], [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, X.BoolOp) and n.op == "and":
+            stack += [n.a, n.b]
+        else:
+            terms.append(n)
+    reach = None
+    for t in terms:
+        r = None
+        bound = _key_bound(t)
+        if bound is not None and bound[0] == "ge":  # kv - q >= r: q - kv <= -r
+            r = -bound[1]
+        elif _same_chunk(t):
+            r = t.a.b.value - 1  # the same chunk of C: |q - kv| < C
+        if r is not None:
+            reach = r if reach is None else min(reach, r)
+    return reach
+
+
+def _same_chunk(t) -> bool:
+    """t is q_idx // C == kv_idx // C (either side first), C a positive integer constant."""
+    if not (isinstance(t, X.Cmp) and t.op == "==" and all(isinstance(x, X.Bin) and x.op == "//" for x in (t.a, t.b))):
+        return False
+    c = t.a.b
+    if not (isinstance(c, X.Const) and c == t.b.b and isinstance(c.value, int) and c.value > 0):
+        return False
+    return sorted(map(str, (_offset(t.a.a), _offset(t.b.a)))) == sorted(map(str, ({"q_idx": 1}, {"kv_idx": 1})))
+

@@ -36,19 +36,20 @@ FOLDERS = {  # folder -> the opening of its index
 INDEX = "INDEX.md"
 DOCS = ["README.md", "docs/*.md", "benchmarks/README.md", "tuning_db/README.md", "attngen/**/*.py", "tests/**/*.py"]
 KINDS = [  # filename pattern -> what such a file shows
-    ("h200_bench_*", "`attngen bench` run: TFLOP/s of attngen beside the peers, one JSON row per case and mode"),
-    ("h200_ab_*", "A/B run of kernel or config variants (benchmarks/tools/*_ab.py)"),
+    ("h[12]00_bench_*", "`attngen bench` run: TFLOP/s of attngen beside the peers, one JSON row per case and mode"),
+    ("h[12]00_ab_*", "A/B run of kernel or config variants (benchmarks/tools/*_ab.py)"),
     ("h200_profile_fp8_*", "each fp8 bench row's kernels (GPU µs a call), host µs a call and bench µs, attngen fp8 beside cuDNN fp8 (benchmarks/tools/fp8_profile.py)"),
     ("h200_sweep*", "config sweep on the H200 (tiles, warps, stages): TFLOP/s per config"),
-    ("h200_gpu_*", "GPU test suite run (tests/gpu): log or per-case summary"),
+    ("h[12]00_gpu_*", "GPU test suite run (tests/gpu): log or per-case summary"),
     ("gpu_correctness_grid*", "the GPU correctness grid (tests/gpu/test_gpu_grid.py): records or sanitizer summary"),
-    ("h200_tune_*", "`attngen tune` run or tuner comparison on the H200"),
+    ("h[12]00_tune_*", "`attngen tune` run or tuner comparison on the GPU the name says (h200_ / h100_)"),
     ("h200_launch_overhead*", "host time per call (benchmarks/launch_overhead.py)"),
     ("h200_edges*", "edge shapes: long sequences, many documents (benchmarks/edges_bench.py)"),
     ("*cp_scaling*", "context parallelism: tokens/s and TFLOP/s per GPU against the GPU count, attngen in torch's ring beside torch CP with SDPA (benchmarks/tools/cp_scaling.py)"),
     ("cpu_sass_*", "sm90 compiles on the CPU, every config the dispatcher can choose, checked for uniform registers read before any write (benchmarks/tools/sass_sweep.py)"),
     ("cpu_*", "CPU-side measurement (interpreter noise, CPU test runs)"),
     ("fp8_accuracy*", "fp8 accuracy report: RMSE against float64 on outlier inputs (`attngen bench --mode fp8 --accuracy`)"),
+    ("h100_*", "H100 measurement"),
     ("*", "H200 measurement"),
 ]
 

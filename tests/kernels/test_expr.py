@@ -56,6 +56,10 @@ SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625])
 PREFIX = torch.tensor([40, 7], dtype=torch.int32)
 SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5])
 T5_BIAS = torch.linspace(-1.0, 1.0, 6 * 32).reshape(6, 32)
+# an id per position (documents packed in one sequence), not sorted, one id in two runs: the
+# forward skips a tile whose rows' and keys' ids cannot meet (tile bounds of a gathered parameter)
+DOC_IDS = torch.cat([torch.full((n,), i, dtype=torch.int32) for n, i in ((70, 3), (20, 1), (210, 2), (400, 1),
+                                                                           (324, 0))])
 
 
 def t5_bucket(rel):
@@ -68,8 +72,9 @@ def t5_bucket(rel):
 
 def cases(device="cpu") -> dict:
     """name: (mask_mod, score_mod, sinks, causal), the captured tensors on `device`."""
-    slopes, prefix, t5 = SLOPES.to(device), PREFIX.to(device), T5_BIAS.to(device)
+    slopes, prefix, t5, doc = SLOPES.to(device), PREFIX.to(device), T5_BIAS.to(device), DOC_IDS.to(device)
     return {
+        "document_ids": (lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q), None, None, False),
         "chunked": (lambda b, h, q, k: (k <= q) & (q // 32 == k // 32), None, None, False),
         "prefix_lm": (lambda b, h, q, k: (k <= q) | (k < prefix[b]), None, None, False),
         "alibi_causal": (None, lambda s, b, h, q, k: s - slopes[h] * (q - k).abs(), None, True),
