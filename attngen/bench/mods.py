@@ -3,7 +3,7 @@ score_mod; its block mask built outside the timing, flex_attention under torch.c
 issue's rows, forward and forward+backward, TFLOP/s counting only the pairs the mask keeps, and a
 cross-check of outputs and gradients against Flex and a float32 reference on each row.
 
-    python3 -m attngen.bench.mods --out FILE.json [--quick]
+    python3 -m attngen.bench.mods --out FILE.json [--quick] [--rows NAME,...]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _kept(mask_mod, B, H, S, device) -> int:
     return total * H
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, only=None) -> dict:
     import triton
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -85,7 +85,8 @@ def run(quick: bool = False) -> dict:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
-    for name, B, Hq, Hkv, S, D, kind in (ROWS[:3] if quick else ROWS):
+    rows = [r for r in ROWS if r[0] in only] if only else (ROWS[:3] if quick else ROWS)
+    for name, B, Hq, Hkv, S, D, kind in rows:
         torch.manual_seed(0)
         q = torch.randn(B, Hq, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -140,8 +141,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     a = ap.parse_args(argv)
-    res = run(a.quick)
+    only = [r for r in a.rows.split(",") if r]
+    unknown = sorted(set(only) - {r[0] for r in ROWS})
+    if unknown:
+        ap.error(f"--rows: unknown {', '.join(unknown)} (known: {', '.join(r[0] for r in ROWS)})")
+    res = run(a.quick, only)
     with open(a.out, "w") as fh:
         json.dump(res, fh, indent=1)
     return 0

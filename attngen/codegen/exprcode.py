@@ -407,21 +407,24 @@ FULL = ("U", "U")
 
 def needs_tile_skip(n: Node, var: str) -> bool:
     """Whether the range hull of `var` can hold tiles where the mask is false everywhere (an `or`
-    or a condition over var): the masked stages then test each tile before loading it."""
+    or a condition over var): the forward's masked stages then test each tile before loading it."""
     for m in walk(n):
         if isinstance(m, (BoolOp,)) and m.op == "or" and uses(m, var):
             return True
-        if (isinstance(m, Sub) and any(isinstance(i, Var) and i.name == var for i in m.idx)
-                and (var != "kv_idx" or not _short_reach(n))):
-            # a parameter gathered along var (`doc[kv_idx]`): no range, tile bounds from the
-            # parameter's values. Not under a window that keeps the range short already: H100,
-            # documents + a 512-key window, the test costs more than it skips (0.378 vs 0.284 ms);
-            # documents over the causal range, 2.6x faster with it
-            # (benchmarks/ab/h100_ab_expr_tile_skip_2026-12-06.jsonl)
-            return True
         if isinstance(m, (IfExp, Not)) and uses(m, var):
             return True
-    return False
+    return gathers_along(n, var)
+
+
+def gathers_along(n: Node, var: str) -> bool:
+    """Whether mask n reads a parameter gathered along var (`doc[kv_idx]`), which bounds no range:
+    the loops over var then test each tile, bounding the parameter by its values along the tile.
+    Not under a window that keeps the range short already: H100, documents + a 512-key window,
+    the forward's test costs more than it skips (0.378 vs 0.284 ms); documents over the causal
+    range, 2.6x faster with it (benchmarks/ab/h100_ab_expr_tile_skip_2026-12-06.jsonl)."""
+    if _short_reach(n):
+        return False
+    return any(isinstance(m, Sub) and any(isinstance(i, Var) and i.name == var for i in m.idx) for m in walk(n))
 
 
 SHORT_REACH = 2048  # keys a query sees at most (attngen.spec.expr_terms.key_reach) below which

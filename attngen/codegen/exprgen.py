@@ -53,7 +53,9 @@ class Fragments:
     tensors: str = ""  # ", XP_a, XP_b" for the entry's tensor line
     sizes: str = ""  # "xp_a_s0, xp_a_n0, ..." (an entry line of lengths)
     args: str = ""  # ", x_b, x_h, XP_a, xp_a_s0, ..." for inner functions' signatures and calls
-    skip_kv: bool = False  # the key loop's masked stages test each tile
+    skip_kv: bool = False  # the forward's key loop: its masked stages test each tile
+    skip_kv_bwd: bool = False  # the dQ pass's key loop: the same, for gathered parameters only
+    skip_q: bool = False  # the dK/dV pass's query loop: the same, for gathered parameters only
     grads: str = ""  # ", XG0, XG1[, XD]": learnable parameters' partial sums, sinks' exact D (dQ pass)
 
 
@@ -69,7 +71,9 @@ def fragments(spec: KernelSpec) -> Fragments:
     mask = mask_node(spec)
     grads = "".join(f", XG{t.index}" for t in grad_terms(spec)) + (", XD" if spec.sinks else "")
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
-                     mask is not None and XC.needs_tile_skip(mask, "kv_idx"), grads)
+                     skip_kv=mask is not None and XC.needs_tile_skip(mask, "kv_idx"),
+                     skip_kv_bwd=mask is not None and XC.gathers_along(mask, "kv_idx"),
+                     skip_q=mask is not None and XC.gathers_along(mask, "q_idx"), grads=grads)
 
 
 def _tile_names(rows: str, cols: str, transposed: bool, decode: bool) -> dict:

@@ -98,17 +98,21 @@ def _kvcache_fake(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *args):
     return q.new_empty(B, sq, hq, v_cache.shape[3]), q.new_empty(B, hq, sq, dtype=torch.float32)
 
 
+def _text_only(mask_text, score_text) -> None:
+    for name, fn in (("mask_mod", mask_text), ("score_mod", score_text)):
+        if fn is not None and not isinstance(fn, str):
+            raise ValueError(f"{name}: inside torch.compile attngen takes expressions as text (a Python "
+                             "callable is traced outside the compiled region: attngen.trace_mask_mod / "
+                             "trace_score_mod give its text and tensors)")
+
+
 def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int,
                       k_descale=None, v_descale=None, validate: bool = False, indices=(None, None), rotary=None,
                       sinks=None, params=None, mask_text=None, score_text=None):
     """The custom op's call. Expressions (mask_text / score_text) only as text: a Python callable
     cannot be traced inside torch.compile (attngen.trace_mask_mod / trace_score_mod give its text
     and tensors outside the compiled region)."""
-    for name, fn in (("mask_mod", mask_text), ("score_mod", score_text)):
-        if fn is not None and not isinstance(fn, str):
-            raise ValueError(f"{name}: inside torch.compile attngen takes expressions as text (a Python "
-                             "callable is traced outside the compiled region: attngen.trace_mask_mod / "
-                             "trace_score_mod give its text and tensors)")
+    _text_only(mask_text, score_text)
     cos, sin, interleaved = rotary[:3] if rotary else (None, None, True)
     names = sorted(params or {})
     return _kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts.scale, opts.softcap,
@@ -121,21 +125,31 @@ def attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opt
 def _prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
              cu_seqlens_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int, block_table: torch.Tensor,
              seqused_k: Optional[torch.Tensor], scale: float, softcap: float, window_left: int, window_right: int,
-             mask: str, top_left: bool, validate: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             mask: str, top_left: bool, validate: bool, params: List[torch.Tensor],
+             sinks: Optional[torch.Tensor] = None, names: str = "", mask_expr: str = "",
+             score_expr: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     opts = _opts(scale, softcap, window_left, window_right, mask, top_left, "packed")
+    extra = None
+    if mask_expr or score_expr or sinks is not None or names:  # expressions as text, as attention_kvcache's
+        opts, extra, _ = exprs.expr_options(q, q.shape[1], opts, mask_expr or None, score_expr or None, sinks,
+                                            dict(zip(names.split(",") if names else [], params)), set())
     return prefill.prefill_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table,
-                                seqused_k, opts, validate)
+                                seqused_k, opts, validate, extra)
 
 
 @_prefill.register_fake
-def _prefill_fake(q, k, v, *args):
+def _prefill_fake(q, k, v, *args, **kwargs):
     return q.new_empty(q.shape[0], q.shape[1], v.shape[3]), q.new_empty(q.shape[1], q.shape[0], dtype=torch.float32)
 
 
 def attention_prefill_paged(q, k, v, cu_q, cu_k, max_q: int, max_k: int, block_table, seqused_k, opts,
-                            validate: bool = False):
+                            validate: bool = False, sinks=None, params=None, mask_text=None, score_text=None):
+    """The custom op's call; expressions only as text (as attention_kvcache's)."""
+    _text_only(mask_text, score_text)
+    names = sorted(params or {})
     return _prefill(q, k, v, cu_q, cu_k, max_q, max_k, block_table, seqused_k, opts.scale, opts.softcap,
-                    opts.window_left, opts.window_right, opts.mask, opts.top_left, validate)
+                    opts.window_left, opts.window_right, opts.mask, opts.top_left, validate,
+                    [params[n] for n in names], sinks, ",".join(names), mask_text or "", score_text or "")
 
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}

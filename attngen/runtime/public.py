@@ -170,8 +170,12 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
             window_size, softcap, scale, causal_alignment, {"precision": precision, "variant": variant})
         extra = None
         if mask_mod is not None or score_mod is not None or sinks is not None or params:
-            if torch.compiler.is_compiling():
-                raise ValueError("mask_mod / score_mod / sinks: with block_table not yet inside torch.compile")
+            if torch.compiler.is_compiling():  # one custom op, expressions as text
+                out, lse = ops.attention_prefill_paged(
+                    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, block_table, seqused_k, opts,
+                    check, None if sinks is None else sinks.detach(), {n: t.detach() for n, t in (params or {}).items()},
+                    mask_mod, score_mod)
+                return (out, lse) if return_lse else out
             opts, extra, _ = exprs.expr_options(q, q.shape[1], opts, mask_mod, score_mod,
                                                 None if sinks is None else sinks.detach(),
                                                 {n: t.detach() for n, t in (params or {}).items()}, set())

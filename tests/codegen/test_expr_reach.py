@@ -3,7 +3,7 @@ it: the forward's per-tile test of a parameter gathered along the keys (only whe
 window bounds the key range already) and the backward's dK/dV tiles of expression kernels."""
 import pytest
 
-from attngen.codegen.exprcode import needs_tile_skip
+from attngen.codegen.exprcode import gathers_along, needs_tile_skip
 from attngen.families.bwd import default_bwd_config
 from attngen.spec import KernelSpec
 from attngen.spec import expr as X
@@ -33,8 +33,11 @@ def test_gathered_parameter_tile_test_only_without_a_short_window():
     assert not needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512"), "kv_idx")
     assert needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 4096"), "kv_idx")
     assert not needs_tile_skip(parse("kv_idx <= q_idx and kv_idx < pl[b]"), "kv_idx")  # b: one value a tile
-    # the dK/dV pass's query loop (var q_idx) has no such test; the rule answers for it regardless
-    assert needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512"), "q_idx")
+    # the backward's loops: the dQ pass's over keys, the dK/dV pass's over queries
+    assert gathers_along(parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx"), "q_idx")
+    assert gathers_along(parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx"), "kv_idx")
+    assert not gathers_along(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512"), "q_idx")
+    assert not gathers_along(parse("kv_idx <= q_idx or kv_idx < 3"), "kv_idx")  # an `or`: the forward only
 
 
 def _spec(text, d=128, params=(DOC["doc"],)):

@@ -217,9 +217,10 @@ TMA_PATHS = {
 }
 
 
-@pytest.mark.parametrize("path", sorted(TMA_PATHS))
-@pytest.mark.parametrize("name", ["prefix_lm", "gpt_oss_swa_sinks", "t5_bias"])
+@pytest.mark.parametrize("name, path", [(n, p) for n in ["prefix_lm", "gpt_oss_swa_sinks", "t5_bias"] for p in sorted(TMA_PATHS)]
+                         + [("document_ids", "tma"), ("document_ids", "tma_persistent_split")])
 def test_expression_tma_kernels(name, path):
+    # document_ids: the TMA passes' per-tile tests of a gathered parameter (split dK / dV too)
     from attngen.families.bwd import BwdConfig
     from attngen.families.fwd import FwdConfig
 

@@ -290,3 +290,30 @@ def test_expressions_and_sinks_on_a_paged_cache(hq, hkv):
         ref_pt = expr_reference(qs, ks, vs, mask_mod, score_mod, sinks, upcast=False)
         got = out[cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None]
         assert_flash_rule(f"sequence {b}", got, ref, ref_pt, 2.0)
+
+
+def test_expressions_under_torch_compile_paged():
+    """Expressions as text, a parameter and sinks through the custom op: compiled equals eager
+    (fullgraph), and a Python callable there is refused naming the fix."""
+    lq, lk = [4, 17], [23, 40]
+    q, kp, vp, table, cu_q, cu_k, used = _call_inputs(lq, lk, 4, 2, 32, 16, seed=11)
+    slopes, sinks = torch.linspace(0.5, 0.05, 4), torch.linspace(-1.0, 2.0, 4)
+
+    def fn(q, kp, vp, cu_q, table, used, slopes, sinks):
+        return attngen.attention_varlen(q, kp, vp, cu_q, None, 17, 40, block_table=table, seqused_k=used,
+                                        mask_mod="kv_idx <= q_idx and (q_idx - kv_idx < 9 or kv_idx < 2)",
+                                        score_mod="score - s[h] * abs(q_idx - kv_idx)", params={"s": slopes},
+                                        sinks=sinks)
+
+    args = (q, kp, vp, cu_q, table, used, slopes, sinks)
+    with torch.no_grad():
+        eager = fn(*args)
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+    assert torch.equal(eager, compiled)
+    assert not torch.equal(eager, attngen.attention_varlen(q, kp, vp, cu_q, None, 17, 40, block_table=table,
+                                                            seqused_k=used, causal=True))
+    with pytest.raises(Exception, match="mask_mod: inside torch.compile attngen takes expressions as text"):
+        with torch.no_grad():
+            torch.compile(lambda q: attngen.attention_varlen(
+                q, kp, vp, cu_q, None, 17, 40, block_table=table, seqused_k=used,
+                mask_mod=lambda b, h, qi, ki: ki <= qi), fullgraph=True, backend="aot_eager")(q)
