@@ -9,7 +9,7 @@ from typing import Callable
 
 from attngen.spec.expr import (BOOL, FLOAT, INT, Bin, BoolOp, Call, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var,
                                add, const, mul, neg, sub, uses, walk)
-from attngen.spec.expr_terms import key_reach
+from attngen.spec.expr_terms import key_reach, run_pattern
 
 
 
@@ -360,6 +360,9 @@ class Ranges:
         return FULL, EMPTY
 
     def cmp(self, n: Cmp):
+        run = run_pattern(n)
+        if run is not None:
+            return self.runs(*run)
         # a // c == var // c (chunks)
         if n.op == "==" and isinstance(n.a, Bin) and isinstance(n.b, Bin) and n.a.op == n.b.op == "//":
             for x, y in ((n.a, n.b), (n.b, n.a)):
@@ -391,6 +394,25 @@ class Ranges:
         if op == "==" and lo is not None and hi is not None:
             return (lo, one(hi)), EMPTY
         return FULL, EMPTY
+
+    def runs(self, param: str, a: str, b: str):
+        """P[q_idx] == P[kv_idx]: the keys (queries) whose value is one of the box's values of the
+        other index, a run of positions where P never decreases (XR_<P>: run starts, ends, the
+        sortedness flag); the whole axis, and no full range, where it does."""
+        other = a if b == self.var else b
+        lo, hi = self.b.box.get(other, (None, None))
+        if lo is None or hi is None:
+            return FULL, EMPTY
+        n = f"xp_{param}_n0"
+        at = lambda i, off="": self.tmp(  # noqa: E731
+            f"tl.load(XR_{param}{off} + tl.minimum(tl.maximum({i}, 0), {n} - 1))")
+        first_lo, first_hi = at(lo), at(hi)
+        end_lo, end_hi = at(lo, f" + {n}"), at(hi, f" + {n}")
+        ok = self.tmp(f"tl.load(XR_{param} + 2 * {n}) != 0")
+        # full: the run of the box's last value up to the end of its first value's run, empty
+        # unless both are one run (sorted: a later run starts after an earlier one ends)
+        return ((first_lo, end_hi),
+                (self.tmp(f"tl.where({ok}, {first_hi}, 0)"), self.tmp(f"tl.where({ok}, {end_lo}, 0)")))
 
     def resolve(self, r):
         """(lo, hi) code of a range clipped to [start, extent]."""
@@ -424,7 +446,9 @@ def gathers_along(n: Node, var: str) -> bool:
     range, 2.6x faster with it (benchmarks/ab/h100_ab_expr_tile_skip_2026-12-06.jsonl)."""
     if _short_reach(n):
         return False
-    return any(isinstance(m, Sub) and any(isinstance(i, Var) and i.name == var for i in m.idx) for m in walk(n))
+    ranged = {id(t.a) for t in walk(n) if run_pattern(t)} | {id(t.b) for t in walk(n) if run_pattern(t)}
+    return any(isinstance(m, Sub) and id(m) not in ranged and any(isinstance(i, Var) and i.name == var for i in m.idx)
+               for m in walk(n))
 
 
 SHORT_REACH = 2048  # keys a query sees at most (attngen.spec.expr_terms.key_reach) below which

@@ -5,8 +5,9 @@ substitute; the fragments are statements in the kernels' own names).
 Kernel-side names the fragments use: x_b, x_h (the batch or document and the query head; x_h a
 column vector in the decode kernel, whose tile packs a KV head's query heads), rows / cols (query
 rows and key indices of the tile), diag_offset, seqlen_q, seqlen_k, qk_scale, and per parameter p:
-XP_p (the tensor), xp_p_s<i> / xp_p_n<i> (stride and extent of axis i); learned sinks: Sinks (fp32,
-one per query head).
+XP_p (the tensor), xp_p_s<i> / xp_p_n<i> (stride and extent of axis i), and XR_p for a parameter
+the mask compares along both indices (p[q_idx] == p[kv_idx]: its runs, which bound the loops;
+attngen.kernels.expr_buffers.run_bounds); learned sinks: Sinks (fp32, one per query head).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from attngen.codegen import exprcode as XC
 from attngen.spec import expr as X
-from attngen.spec.expr_terms import GradTerm, exact_d, grad_terms, mask_node, score_node  # noqa: F401
+from attngen.spec.expr_terms import GradTerm, exact_d, grad_terms, mask_node, run_params, score_node  # noqa: F401
 from attngen.spec.model import KernelSpec
 
 
@@ -63,12 +64,13 @@ def fragments(spec: KernelSpec) -> Fragments:
     if not (spec.mask_expr or spec.score_expr or spec.sinks):
         return Fragments()
     names = param_names(spec)
-    tensors = "".join(f", XP_{n}" for n in names) + (", Sinks" if spec.sinks else "")
+    mask = mask_node(spec)
+    runs = "".join(f", XR_{n}" for n in run_params(mask))  # run bounds of P[q_idx] == P[kv_idx] terms
+    tensors = "".join(f", XP_{n}" for n in names) + runs + (", Sinks" if spec.sinks else "")
     sizes = ", ".join(f"xp_{p.name}_s{i}, xp_{p.name}_n{i}" for p in spec.params for i in range(len(p.shape)))
-    args = ", x_b, x_h" + "".join(f", XP_{n}" for n in names) + (", Sinks" if spec.sinks else "")
+    args = ", x_b, x_h" + "".join(f", XP_{n}" for n in names) + runs + (", Sinks" if spec.sinks else "")
     if sizes:
         args += ", " + sizes
-    mask = mask_node(spec)
     grads = "".join(f", XG{t.index}" for t in grad_terms(spec)) + (", XD" if spec.sinks else "")
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
                      skip_kv=mask is not None and XC.needs_tile_skip(mask, "kv_idx"),

@@ -11,6 +11,9 @@ from __future__ import annotations
 # (prefix lengths of a fraction of the sequence: tiles of every class, empty, partial and full)
 FLOAT_HIGH = 0.1
 INT_FRACTION = 4
+# a parameter compared along both indices (P[q_idx] == P[kv_idx]: document ids) gets sorted ids
+# of this many documents, so the runs bound the loops as in use
+RUN_DOCS = 8
 
 
 def _extent(axis, problem) -> int:
@@ -24,15 +27,25 @@ def _extent(axis, problem) -> int:
 
 
 def inputs(obj, seed: int) -> dict:
-    """XP_<name> for each declared parameter and Sinks (Hq,) fp32 for learned sinks, seeded."""
+    """XP_<name> for each declared parameter (and XR_<name>, its runs, for a parameter the mask
+    compares along both indices) and Sinks (Hq,) fp32 for learned sinks, seeded."""
     import torch
 
     p, s = obj.problem, obj.spec
     g = torch.Generator(device=obj.device).manual_seed(3000 + seed)
     out = {}
+    from attngen.kernels.expr_buffers import run_bounds
+    from attngen.spec.expr_terms import mask_node, run_params
+
+    runs = run_params(mask_node(s))
     for decl in s.params:
         shape = tuple(_extent(a, p) for a in decl.shape)
-        if decl.kind == "int":
+        if decl.name in runs:  # a document id per position: RUN_DOCS sorted runs of random length
+            ids = torch.randint(0, RUN_DOCS, shape, generator=g, device=obj.device).sort().values
+            out[f"XP_{decl.name}"] = ids.to({"int32": torch.int32, "fp32": torch.float32, "fp16": torch.float16,
+                                             "bf16": torch.bfloat16}[decl.dtype])
+            out[f"XR_{decl.name}"] = run_bounds(out[f"XP_{decl.name}"])
+        elif decl.kind == "int":
             hi = max(1, p.seqlen_k // INT_FRACTION)
             out[f"XP_{decl.name}"] = torch.randint(0, hi + 1, shape, generator=g, device=obj.device,
                                                    dtype=torch.int32)
@@ -47,7 +60,7 @@ def inputs(obj, seed: int) -> dict:
 
 def extra(t: dict) -> dict:
     """The kernel's expression tensors of input set `t` (the launchers' `extra`)."""
-    return {n: x for n, x in t.items() if n.startswith("XP_") or n == "Sinks"}
+    return {n: x for n, x in t.items() if n.startswith(("XP_", "XR_")) or n == "Sinks"}
 
 
 def _attention(obj, t, unit: int, heads: slice, q, k, v, r0: int, upcast: bool):

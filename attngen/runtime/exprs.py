@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from attngen.kernels.expr_buffers import extent, grad_buffers
+from attngen.kernels.expr_buffers import extent, grad_buffers, run_bounds
 from attngen.runtime import api, trace, validate
 from attngen.spec import expr as X
-from attngen.spec.expr_terms import builtin_mask
+from attngen.spec.expr_terms import builtin_mask, run_params
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[Expr
         if len(_SPECS) >= 256:
             _SPECS.pop(next(iter(_SPECS)))
         _SPECS[key] = hit
-    texts, used, decl_out = hit
+    texts, used, decl_out, runs = hit
     for name in used:
         if tensors[name].device != q.device:
             raise ValueError(f"params: '{name}' is on {tensors[name].device}, but q is on {q.device}")
@@ -85,18 +85,21 @@ def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[Expr
         if sinks.device != q.device:
             raise ValueError(f"sinks: on {sinks.device}, but q is on {q.device}")
     extra = {f"XP_{n}": tensors[n].detach() for n in used}
+    for n in runs:  # P[q_idx] == P[kv_idx]: the runs of P bound the loops (where P never decreases)
+        extra[f"XR_{n}"] = run_bounds(tensors[n].detach())
     if sinks is not None:
         extra["Sinks"] = sinks.detach().float().contiguous()
     return ExprSpec(texts[0], texts[1], decl_out, sinks is not None), extra, learn
 
 
-# (sources, parameter declarations, learnable names) -> (texts, used names sorted, ParamDecls)
+# (sources, parameter declarations, learnable names) -> (texts, used names sorted, ParamDecls,
+# names of the mask's run patterns)
 _SPECS: dict = {}
 
 
 def _resolve_text(sources, decls: dict, learn_names: tuple):
-    """The canonical mask / score texts of a call's expressions, the parameters they use (sorted)
-    and their declarations; raises ValueError on an unused parameter or a learnable one in the
+    """The canonical mask / score texts of a call's expressions, the parameters they use (sorted),
+    their declarations and the mask's run-pattern parameters (P[q_idx] == P[kv_idx]); raises ValueError on an unused parameter or a learnable one in the
     mask. Depends only on its arguments (resolve caches it)."""
     texts = []
     for kind, src in zip(("mask", "score"), sources):
@@ -124,7 +127,7 @@ def _resolve_text(sources, decls: dict, learn_names: tuple):
             raise ValueError(f"params: '{n}' requires grad but is used in the mask (a mask is not differentiable)")
     out = tuple(X.ParamDecl(n, X.axis_shape(list(nodes.values()), n, decls[n].shape), decls[n].dtype,
                             n in learn_names) for n in sorted(used))
-    return tuple(texts), tuple(sorted(used)), out
+    return tuple(texts), tuple(sorted(used)), out, tuple(run_params(nodes.get("mask")))
 
 
 def _rename(text: str, old: str, new: str) -> str:

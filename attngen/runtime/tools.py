@@ -109,19 +109,29 @@ def _expressions(spec) -> dict:
     condition leaves gaps (attngen.codegen.exprgen)."""
     if not spec.has_expr:
         return {}
-    from attngen.codegen.exprcode import needs_tile_skip
+    from attngen.codegen.exprcode import gathers_along, needs_tile_skip
+    from attngen.spec.expr_terms import run_params
     from attngen.spec import expr as X
 
     node = X.parse(spec.mask_expr, "mask", {p.name: p for p in spec.params}) if spec.mask_expr else None
+    text = None
+    if node is not None:
+        text = "key loop [lo, hi) from the mask's bounds over each query block; [full_lo, full_hi) runs without mask math"
+        runs = run_params(node)
+        if runs:
+            text += (f"; {', '.join(runs)} compared along both indices (document ids): the ranges and full "
+                     "tiles come from its runs of equal values where it never decreases (checked in the kernel "
+                     "each call), else the whole range is masked")
+        if needs_tile_skip(node, "kv_idx"):
+            text += ("; the mask has gaps inside that range (an `or`, a condition, a parameter gathered along "
+                     "kv_idx): the forward tests each masked tile and skips those it keeps nothing of (not the "
+                     "warp-specialized loop)")
+            gathered = [n for n in ("kv_idx", "q_idx") if gathers_along(node, n)]
+            text += (f"; the backward's loops too (a parameter gathered along {' and '.join(gathered)})" if gathered
+                     else "; the backward masks them")
     return {"expressions": {
         "mask": spec.mask_expr or None, "score_mod": spec.score_expr or None,
-        "params": [p.text() for p in spec.params], "sinks": spec.sinks,
-        "tile_classification": None if node is None else (
-            "key loop [lo, hi) from the mask's bounds over each query block; [full_lo, full_hi) runs "
-            "without mask math" + ("; the mask has gaps inside that range (an `or`, a condition, a "
-                                   "parameter gathered along kv_idx): the forward tests each masked tile "
-                                   "and skips those it keeps nothing of (not the warp-specialized loop), "
-                                   "the backward masks them" if needs_tile_skip(node, "kv_idx") else "")),
+        "params": [p.text() for p in spec.params], "sinks": spec.sinks, "tile_classification": text,
     }}
 
 

@@ -160,3 +160,25 @@ def _same_chunk(t) -> bool:
         return False
     return sorted(map(str, (_offset(t.a.a), _offset(t.b.a)))) == sorted(map(str, ({"q_idx": 1}, {"kv_idx": 1})))
 
+
+def run_pattern(t) -> tuple | None:
+    """(param, var a, var b) when t is `P[a] == P[b]` with a, b the two index names (q_idx and
+    kv_idx, either order) and P one parameter of one axis (a document id per position); else None.
+    Such a term's key range is the run of equal values around the query block's ids where P is
+    sorted (the runtime's XR_<P> buffer, attngen.kernels.expr_buffers.run_bounds)."""
+    if not (isinstance(t, X.Cmp) and t.op == "==" and isinstance(t.a, X.Sub) and isinstance(t.b, X.Sub)):
+        return None
+    if t.a.param != t.b.param or len(t.a.idx) != 1 or len(t.b.idx) != 1:
+        return None
+    a, b = t.a.idx[0], t.b.idx[0]
+    if not (isinstance(a, X.Var) and isinstance(b, X.Var)) or {a.name, b.name} != {"q_idx", "kv_idx"}:
+        return None
+    return t.a.param, a.name, b.name
+
+
+def run_params(node) -> list[str]:
+    """The parameters of node's run patterns (sorted names; none for None)."""
+    if node is None:
+        return []
+    return sorted({r[0] for r in map(run_pattern, X.walk(node)) if r is not None})
+

@@ -29,14 +29,15 @@ def test_key_reach(text, reach):
 
 def test_gathered_parameter_tile_test_only_without_a_short_window():
     parse = lambda t: X.parse(t, "mask", DOC)  # noqa: E731
-    assert needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx"), "kv_idx")
-    assert not needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512"), "kv_idx")
-    assert needs_tile_skip(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 4096"), "kv_idx")
+    # doc[kv_idx] compared with something else than doc[q_idx] (a run pattern takes ranges instead)
+    assert needs_tile_skip(parse("doc[q_idx] <= doc[kv_idx] and kv_idx <= q_idx"), "kv_idx")
+    assert not needs_tile_skip(parse("doc[q_idx] <= doc[kv_idx] and q_idx - kv_idx < 512"), "kv_idx")
+    assert needs_tile_skip(parse("doc[q_idx] <= doc[kv_idx] and q_idx - kv_idx < 4096"), "kv_idx")
     assert not needs_tile_skip(parse("kv_idx <= q_idx and kv_idx < pl[b]"), "kv_idx")  # b: one value a tile
     # the backward's loops: the dQ pass's over keys, the dK/dV pass's over queries
-    assert gathers_along(parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx"), "q_idx")
-    assert gathers_along(parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx"), "kv_idx")
-    assert not gathers_along(parse("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512"), "q_idx")
+    assert gathers_along(parse("doc[q_idx] <= doc[kv_idx] and kv_idx <= q_idx"), "q_idx")
+    assert gathers_along(parse("doc[q_idx] <= doc[kv_idx] and kv_idx <= q_idx"), "kv_idx")
+    assert not gathers_along(parse("doc[q_idx] <= doc[kv_idx] and q_idx - kv_idx < 512"), "q_idx")
     assert not gathers_along(parse("kv_idx <= q_idx or kv_idx < 3"), "kv_idx")  # an `or`: the forward only
 
 
@@ -52,3 +53,56 @@ def test_expression_backward_defaults():
     assert (short.block_m, short.block_n, short.tma) == (32, 64, True)
     assert (long.block_m, long.block_n, long.tma) == (64, 64, True)
     assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
+
+
+def test_explain_says_which_loops_test_tiles():
+    import torch
+
+    import attngen
+
+    q, k = torch.randn(1, 4, 96, 32, dtype=torch.float16), torch.randn(1, 2, 96, 32, dtype=torch.float16)
+    doc = (torch.arange(96) // 40).to(torch.int32)
+    docs = attngen.explain(q, k, k, mask_mod=lambda b, h, qi, ki: (doc[qi] <= doc[ki]) & (ki <= qi))
+    window = attngen.explain(q, k, k, mask_mod=lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (qi - ki < 16))
+    assert "backward's loops too (a parameter gathered along kv_idx and q_idx)" in docs["expressions"]["tile_classification"]
+    assert "skips" not in window["expressions"]["tile_classification"]
+
+
+def test_run_bounds():
+    import torch
+
+    from attngen.kernels.expr_buffers import RUN_END, run_bounds
+
+    got = run_bounds(torch.tensor([0, 0, 1, 1, 1, 3], dtype=torch.int32)).tolist()
+    assert got == [0, 0, 2, 2, 2, 5] + [2, 2, 5, 5, 5, RUN_END] + [1]
+    # a value that comes back after another: the runs bound nothing, and the flag says so
+    assert run_bounds(torch.tensor([0, 0, 1, 0], dtype=torch.int32)).tolist() == [0] * 4 + [RUN_END] * 4 + [0]
+    assert run_bounds(torch.tensor([7], dtype=torch.int32)).tolist() == [0, RUN_END, 1]
+
+
+def test_run_patterns_take_ranges_not_tile_tests():
+    from attngen.spec.expr_terms import run_params
+
+    parse = lambda t: X.parse(t, "mask", DOC)  # noqa: E731
+    docs = parse("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx")
+    assert run_params(docs) == ["doc"]
+    assert not gathers_along(docs, "kv_idx") and not gathers_along(docs, "q_idx")
+    other = parse("doc[q_idx] <= doc[kv_idx] and kv_idx <= q_idx")  # not an equality: tested per tile
+    assert run_params(other) == [] and gathers_along(other, "kv_idx")
+
+
+def test_tuner_makes_sorted_ids_and_their_runs():
+    """The tuner's inputs for a run pattern: sorted ids (documents as in use) and XR_ from them."""
+    import types
+
+    import torch
+
+    from attngen.families import expr_tuning
+    from attngen.kernels.expr_buffers import run_bounds
+
+    spec = _spec("doc[q_idx] == doc[kv_idx] and kv_idx <= q_idx")
+    problem = types.SimpleNamespace(batch=1, heads_q=4, seqlen_k=8192, seqlen_q=8192)
+    t = expr_tuning.inputs(types.SimpleNamespace(problem=problem, spec=spec, device="cpu"), seed=0)
+    ids = t["XP_doc"]
+    assert ids.dtype == torch.int32 and bool((ids[1:] >= ids[:-1]).all()) and int(ids.max()) > 0
+    assert torch.equal(t["XR_doc"], run_bounds(ids)) and set(expr_tuning.extra(t)) == {"XP_doc", "XR_doc"}

@@ -56,8 +56,12 @@ SLOPES = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625])
 PREFIX = torch.tensor([40, 7], dtype=torch.int32)
 SINKS = torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5])
 T5_BIAS = torch.linspace(-1.0, 1.0, 6 * 32).reshape(6, 32)
-# an id per position (documents packed in one sequence), not sorted, one id in two runs: the
-# forward skips a tile whose rows' and keys' ids cannot meet (tile bounds of a gathered parameter)
+# an id per position, not sorted, one id in two runs, as two tensors (query-side and key-side ids,
+# as in packed cross-attention): not a run pattern, so each loop tests its tiles and skips those
+# whose rows' and keys' ids cannot meet (tile bounds of a gathered parameter)
+# sorted ids (documents packed in order): the runs bound the key / query loops and make full tiles
+DOC_SORTED = torch.cat([torch.full((n,), i, dtype=torch.int32) for n, i in ((30, 0), (50, 1), (9, 2), (200, 3),
+                                                                              (735, 4))])
 DOC_IDS = torch.cat([torch.full((n,), i, dtype=torch.int32) for n, i in ((70, 3), (20, 1), (210, 2), (400, 1),
                                                                            (324, 0))])
 
@@ -73,8 +77,13 @@ def t5_bucket(rel):
 def cases(device="cpu") -> dict:
     """name: (mask_mod, score_mod, sinks, causal), the captured tensors on `device`."""
     slopes, prefix, t5, doc = SLOPES.to(device), PREFIX.to(device), T5_BIAS.to(device), DOC_IDS.to(device)
+    srt, kdoc = DOC_SORTED.to(device), DOC_IDS.clone().to(device)
     return {
-        "document_ids": (lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q), None, None, False),
+        "documents_sorted": (lambda b, h, q, k: (srt[q] == srt[k]) & (k <= q), None, None, False),
+        "document_ids": (lambda b, h, q, k: (doc[q] == kdoc[k]) & (k <= q), None, None, False),
+        # one unsorted tensor compared along both indices: a run pattern whose runs bound nothing
+        # (XR_'s flag 0: whole ranges, no full tiles)
+        "documents_unsorted": (lambda b, h, q, k: (doc[q] == doc[k]) & (k <= q), None, None, False),
         "chunked": (lambda b, h, q, k: (k <= q) & (q // 32 == k // 32), None, None, False),
         "prefix_lm": (lambda b, h, q, k: (k <= q) | (k < prefix[b]), None, None, False),
         "alibi_causal": (None, lambda s, b, h, q, k: s - slopes[h] * (q - k).abs(), None, True),
@@ -218,7 +227,7 @@ TMA_PATHS = {
 
 
 @pytest.mark.parametrize("name, path", [(n, p) for n in ["prefix_lm", "gpt_oss_swa_sinks", "t5_bias"] for p in sorted(TMA_PATHS)]
-                         + [("document_ids", "tma"), ("document_ids", "tma_persistent_split")])
+                         + [("document_ids", "tma"), ("documents_sorted", "tma_persistent_split")])
 def test_expression_tma_kernels(name, path):
     # document_ids: the TMA passes' per-tile tests of a gathered parameter (split dK / dV too)
     from attngen.families.bwd import BwdConfig
@@ -233,7 +242,7 @@ def test_expression_tma_kernels(name, path):
     assert {"_attn_fwd_tma", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma"} <= launched, launched
 
 
-DECODE_CASES = ["gpt_oss_swa_sinks", "chunked", "alibi_causal", "t5_bias"]
+DECODE_CASES = ["gpt_oss_swa_sinks", "chunked", "alibi_causal", "t5_bias", "documents_sorted"]
 
 
 @pytest.mark.parametrize("paged", [False, True])
