@@ -132,6 +132,13 @@ def pack_paths() -> list[Path]:
     return [*given, *(sorted(shipped.glob("*.pack")) if shipped.is_dir() else [])]
 
 
+def triton_key_cache() -> bool:
+    """ATTNGEN_TRITON_KEY_CACHE (default 1): keep Triton's cache key across processes in
+    <cache_dir()>/triton_key.json while Triton's files are unchanged (attngen.runtime.tritonkey);
+    0: every process hashes Triton's files, as Triton does."""
+    return os.environ.get("ATTNGEN_TRITON_KEY_CACHE", "1") != "0"
+
+
 def check_kvcache() -> bool:
     """ATTNGEN_CHECK_KVCACHE=1: attention_with_kvcache checks cache_seqlens and block_table values
     on the host before every launch (a device-to-host copy: for debugging; as validate=True)."""

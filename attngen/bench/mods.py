@@ -85,8 +85,8 @@ def run(quick: bool = False, only=None) -> dict:
     torch._dynamo.config.accumulated_recompile_limit = 4096
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
-    rows = [r for r in ROWS if r[0] in only] if only else (ROWS[:3] if quick else ROWS)
-    for name, B, Hq, Hkv, S, D, kind in rows:
+    todo = [r for r in ROWS if r[0] in only] if only else (ROWS[:3] if quick else ROWS)
+    for name, B, Hq, Hkv, S, D, kind in todo:
         torch.manual_seed(0)
         q = torch.randn(B, Hq, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
         k = torch.randn(B, Hkv, S, D, device=dev, dtype=torch.bfloat16, requires_grad=True)

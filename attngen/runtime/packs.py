@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attngen import env
+from attngen.runtime import tritonkey
 
 FORMAT = "attngen-pack"
 VERSION = 1
@@ -91,8 +92,11 @@ class PackReport:
 
 def triton_key_digest() -> str:
     """sha256 of triton_key(): Triton's version and the hashes of its compiler, backends, language
-    and libtriton (hashing libtriton takes about 0.5 s once per process; Triton's first compile,
-    a cache hit included, needs it anyway and keeps it)."""
+    and libtriton (hashing them takes about 0.4 s; runtime.tritonkey keeps the key across
+    processes, and Triton's first cache lookup, a hit included, needs the same key)."""
+    from . import tritonkey
+
+    tritonkey.install()  # the key remembered across processes where Triton's files are unchanged
     from triton.runtime.cache import triton_key
 
     return hashlib.sha256(triton_key().encode()).hexdigest()
@@ -336,6 +340,9 @@ def load_pack(path, *, cache_dir=None, archs=None) -> PackReport:
     try:
         with zipfile.ZipFile(path) as zf:
             manifest = read_manifest(zf)
+            # where the pack was built on this Triton install (same files, same times), its record
+            # of Triton's key spares this process hashing Triton's files (runtime.tritonkey)
+            tritonkey.seed(manifest.get("triton_key_record"))
             cache = Path(cache_dir) if cache_dir is not None else triton_cache_dir()
             report.cache_dir = str(cache)
             here = Environment(archs)

@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 from attngen._version import __version__
-from attngen.runtime import packs
+from attngen.runtime import packs, tritonkey
 
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's timestamp: the same inputs give the same bytes
 SCALARS = (bool, int, float, str, type(None))
@@ -148,17 +148,22 @@ def _info(name: str) -> zipfile.ZipInfo:
     return info
 
 
-def write_pack(path, capture_or_entries, *, rows=(), built: dict | None = None) -> dict:
+_THIS_PROCESS = object()
+
+
+def write_pack(path, capture_or_entries, *, rows=(), built: dict | None = None, key_record=_THIS_PROCESS) -> dict:
     """Write a pack to `path` (atomically: a temporary file, then renamed) from a Capture (or from
     collect()'s list); `rows`: what the warmup ran (shape buckets, kernels, configs), `built`:
-    where it was built (GPU name, ...), both kept in the manifest. Returns summary(): entries,
-    bytes per kind."""
+    where it was built (GPU name, ...), both kept in the manifest; `key_record`: the record of
+    Triton's key the pack carries (default: this process's, runtime.tritonkey.record()). Returns
+    summary(): entries, bytes per kind."""
     if isinstance(capture_or_entries, Capture):
         entries = collect(capture_or_entries.cache_dir, capture_or_entries.kernels)
     else:
         entries = list(capture_or_entries)
     manifest = {"format": packs.FORMAT, "version": packs.VERSION, "attngen": __version__,
-                "built": built or {}, "warmup": list(rows), "entries": [e for e, _ in entries]}
+                "built": built or {}, "warmup": list(rows), "entries": [e for e, _ in entries],
+                "triton_key_record": tritonkey.record() if key_record is _THIS_PROCESS else key_record}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -10,7 +10,8 @@ inside the cubin stage; the triton_key() hash inside the compile), the C modules
 loads (launchers, its driver's utilities; the C compiler's share), module loads into the GPU,
 the packs' loading, attngen's kernel resolution (spec, module, config from the tuning database),
 and the rest (Triton's JIT binding, planning, the launches and the kernels); then a second
-forward and backward (nothing left to compile). Settings, each --repeats times, interleaved:
+forward and backward (nothing left to compile). Before them, torch's own first backward (a tiny
+one, no attention: torch imports sympy there, 2.2 s on the H100 machine) is timed apart. Settings, each --repeats times, interleaved:
 
   cold    empty Triton cache (TRITON_CACHE_DIR) and attngen cache (ATTNGEN_CACHE_DIR)
   warm    a new process on the Triton cache the cold run filled
@@ -81,18 +82,55 @@ def child(args) -> None:
     dout = torch.randn(B, hq, S, D, device=dev, dtype=dt)
     sync()
     out["inputs_s"] = time.perf_counter() - t
+    # torch's own first backward with a given gradient imports sympy (torch.autograd._make_grads ->
+    # torch.fx.experimental.symbolic_shapes): every model's first backward pays it, attention or not
+    t = time.perf_counter()
+    w = torch.ones(2, device=dev, requires_grad=True)
+    (w * 2).backward(torch.ones(2, device=dev))
+    sync()
+    out["torch_first_backward_s"] = time.perf_counter() - t
+    profiles = {}
     for n in ("", "_2"):
-        with probe.phase("forward" + n):
-            o = attention(q, k, v, causal=args.causal)
-            sync()
-        with probe.phase("backward" + n):
-            o.backward(dout)
-            sync()
+        for phase in ("forward", "backward"):
+            prof = _profiler(args) if not n else None
+            with probe.phase(phase + n):
+                if prof:
+                    prof.enable()
+                if phase == "forward":
+                    o = attention(q, k, v, causal=args.causal)
+                else:
+                    o.backward(dout)
+                sync()
+                if prof:
+                    prof.disable()
+            if prof:
+                profiles[phase] = _profile_text(prof)
+    if args.profile:
+        Path(args.profile).write_text("".join(f"===== first {p}\n{t}\n" for p, t in profiles.items()))
     probe.uninstall()
     out["phases"] = probe.summary()
     out["compiled"] = {p: compiled_anything(row) for p, row in out["phases"].items()}
     out["packs"] = [r.as_dict() for r in packs.loaded()]
     Path(args.child).write_text(json.dumps(out, indent=1))
+
+
+def _profiler(args):
+    if not args.profile:
+        return None
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _profile_text(prof, lines: int = 60) -> str:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("cumulative").print_stats(lines)
+    st.sort_stats("tottime").print_stats(lines // 2)
+    return buf.getvalue()
 
 
 def _env(triton_cache: Path, attngen_cache: Path, pack: Path | None) -> dict:
@@ -107,6 +145,9 @@ def run_child(args, tmp: Path, name: str, triton_cache: Path, attngen_cache: Pat
     result = tmp / f"{name}.json"
     argv = [sys.executable, __file__, "--child", str(result), "--shape", ",".join(map(str, args.shape)),
             "--dtype", args.dtype, "--device", args.device] + ([] if args.causal else ["--no-causal"])
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        argv += ["--profile", str(Path(args.profile) / f"{name}.txt")]
     t = time.perf_counter()
     res = subprocess.run(argv, env=_env(triton_cache, attngen_cache, pack), cwd=REPO, capture_output=True,
                          text=True, timeout=args.timeout)
@@ -147,7 +188,7 @@ KEYS = ("wall_s", "triton_compile_s", "ptxas_s", "triton_key_s", "c_modules_s", 
 
 def medians(runs: list[dict]) -> dict:
     out = {k: statistics.median(r[k] for r in runs) for k in
-           ("process_s", "import_torch_s", "import_attngen_s", "cuda_init_s", "inputs_s")}
+           ("process_s", "import_torch_s", "import_attngen_s", "cuda_init_s", "inputs_s", "torch_first_backward_s")}
     for phase in ("forward", "backward", "forward_2", "backward_2"):
         out[phase] = {k: statistics.median(r["phases"][phase].get(k, 0.0) for r in runs) for k in KEYS}
     return out
@@ -156,7 +197,7 @@ def medians(runs: list[dict]) -> dict:
 def table(result: dict) -> str:
     med = result["median"]
     rows = [("", *med)]
-    for k in ("process_s", "import_torch_s", "import_attngen_s", "cuda_init_s"):
+    for k in ("process_s", "import_torch_s", "import_attngen_s", "cuda_init_s", "torch_first_backward_s"):
         rows.append((k, *(f"{m[k]:.3f}" for m in med.values())))
     for phase in ("forward", "backward", "forward_2"):
         for k in KEYS:
@@ -176,6 +217,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="runs of each setting, interleaved")
     p.add_argument("--timeout", type=int, default=600, help="seconds one subprocess may take")
     p.add_argument("--out", help="the JSON to write")
+    p.add_argument("--profile", metavar="DIR", help="write a cProfile text of each process's first forward "
+                   "and first backward into DIR (one file per run; the phases' times include the profiler's cost)")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.shape = [int(x) for x in args.shape.split(",")]

@@ -93,7 +93,13 @@ ROUND_TRIP = COMMON + textwrap.dedent("""
         run()
     probe.uninstall()
     ph = probe.summary()
-    print(json.dumps({"first": first.as_dict(), "again": again.as_dict(), "phases": ph,
+    from attngen import env
+    from attngen.runtime import tritonkey
+    import triton.runtime.cache
+    record = json.loads((env.cache_dir() / tritonkey.RECORD).read_text())
+    hashed = triton.runtime.cache.triton_key.original.cache_info().misses  # Triton's own triton_key() runs
+    print(json.dumps({"first": first.as_dict(), "again": again.as_dict(), "phases": ph, "record": record,
+                      "hashed": hashed,
                       "cubin": hashlib.sha256(ck.asm["cubin"]).hexdigest(),
                       "packed": compiled_anything(ph["packed"]), "cold": compiled_anything(ph["cold"])}))
 """)
@@ -101,7 +107,9 @@ ROUND_TRIP = COMMON + textwrap.dedent("""
 
 def _run(script: str, folder, stub) -> dict:
     environ = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_LIBCUDA_PATH": str(stub),
-               "LD_LIBRARY_PATH": str(stub), "TRITON_CACHE_DIR": str(folder / "triton_default")}
+               "LD_LIBRARY_PATH": str(stub), "TRITON_CACHE_DIR": str(folder / "triton_default"),
+               # each script a machine of its own for the remembered Triton key (runtime.tritonkey)
+               "ATTNGEN_CACHE_DIR": str(folder / f"attngen_cache_{hashlib.sha256(script.encode()).hexdigest()[:8]}")}
     environ.pop("ATTNGEN_PACKS", None)
     res = subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True, text=True,
                          env=environ, cwd=REPO_ROOT, timeout=300)
@@ -173,7 +181,7 @@ def test_same_inputs_give_byte_identical_packs(built, tmp_path):
     a = (folder / "a.pack").read_bytes()
     assert a == (folder / "b.pack").read_bytes(), "two compiles of the same kernel, two different packs"
     packwrite.write_pack(tmp_path / "c.pack", entries_of(folder / "a.pack"), rows=[{"entry": "tiny"}],
-                         built={"by": "test"})
+                         built={"by": "test"}, key_record=manifest_of(folder / "a.pack")["triton_key_record"])
     assert (tmp_path / "c.pack").read_bytes() == a
 
 
@@ -193,6 +201,12 @@ def test_round_trip_into_an_empty_cache_compiles_nothing(built):
     kernel = next(e for e in manifest_of(folder / "a.pack")["entries"] if e["kind"] == "kernel")
     cubin = next(r for r in kernel["files"] if r["name"].endswith(".cubin"))
     assert out["cubin"] == cubin["sha256"], "Triton ran another cubin than the pack's"
+    # the pack's record of Triton's key, made on this install, became this process's: nothing hashed
+    carried = manifest_of(folder / "a.pack")["triton_key_record"]
+    import triton
+
+    assert carried["key"].startswith(triton.__version__) and out["record"] == carried
+    assert out["hashed"] == 0
     group = json.loads((folder / "cache_packed" / kernel["dir"] / f"__grp__{kernel['group']}").read_text())
     assert set(group["child_paths"]) == {"_tiny_add.cubin", "_tiny_add.json"}, group
 
