@@ -126,10 +126,18 @@ def tuning_db_layers() -> list[tuple[str, str]]:
 def pack_paths() -> list[Path]:
     """Compiled-kernel packs the runtime loads before its first kernel (attngen.runtime.packs):
     the files ATTNGEN_PACKS names (separated by os.pathsep, `:` on Linux), then the packs shipped
-    in the package (attngen/packs/*.pack), in name order."""
+    in the package (shipped_packs())."""
     given = [Path(p) for p in os.environ.get("ATTNGEN_PACKS", "").split(os.pathsep) if p]
+    return [*given, *shipped_packs()]
+
+
+def shipped_packs() -> list[Path]:
+    """The packs shipped in the package (attngen/packs/*.pack, name order); none with
+    ATTNGEN_SHIPPED_PACKS=0."""
     shipped = PACKAGE_DIR / "packs"
-    return [*given, *(sorted(shipped.glob("*.pack")) if shipped.is_dir() else [])]
+    if os.environ.get("ATTNGEN_SHIPPED_PACKS", "1") == "0" or not shipped.is_dir():
+        return []
+    return sorted(shipped.glob("*.pack"))
 
 
 def triton_key_cache() -> bool:

@@ -11,6 +11,7 @@ partial sums reduced in PyTorch (no float atomics: deterministic).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -86,11 +87,36 @@ def resolve(q, mask_mod, score_mod, sinks, params, learnable=None) -> tuple[Expr
             raise ValueError(f"sinks: on {sinks.device}, but q is on {q.device}")
     extra = {f"XP_{n}": tensors[n].detach() for n in used}
     for n in runs:  # P[q_idx] == P[kv_idx]: the runs of P bound the loops (where P never decreases)
-        extra[f"XR_{n}"] = run_bounds(tensors[n].detach())
+        extra[f"XR_{n}"] = _runs_of(tensors[n])
     if sinks is not None:
         extra["Sinks"] = sinks.detach().float().contiguous()
     return ExprSpec(texts[0], texts[1], decl_out, sinks is not None), extra, learn
 
+
+def _runs_of(p: torch.Tensor) -> torch.Tensor:
+    """run_bounds(p), kept for the next call while p is the same tensor, unchanged: a model's
+    layers pass one document-id tensor to every call, and the dozen device ops of run_bounds cost
+    more host time than a short document's attention. Unchanged means the same object (a weak
+    reference), storage, offset and shape, and the same version counter (which every in-place
+    write to p or to a view of its storage bumps), on the same stream. Not kept while a CUDA graph
+    is captured (the graph's replays must recompute from whatever p then holds) or traced."""
+    if torch.compiler.is_compiling() or (p.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return run_bounds(p.detach())
+    stream = torch.cuda.current_stream(p.device).cuda_stream if p.is_cuda else 0
+    state = (p.data_ptr(), p.storage_offset(), tuple(p.shape), tuple(p.stride()), p._version, stream)
+    kept = _RUNS.get(id(p))
+    if kept is not None and kept[0]() is p and kept[1] == state:
+        return kept[2]
+    xr = run_bounds(p.detach())
+    if len(_RUNS) >= 64:
+        _RUNS.pop(next(iter(_RUNS)))
+    key = id(p)
+    _RUNS[key] = (weakref.ref(p, lambda _ref: _RUNS.pop(key, None)), state, xr)
+    return xr
+
+
+# id(tensor) -> (weak reference, (data_ptr, offset, shape, stride, version, stream), XR)
+_RUNS: dict = {}
 
 # (sources, parameter declarations, learnable names) -> (texts, used names sorted, ParamDecls,
 # names of the mask's run patterns)

@@ -392,6 +392,14 @@ def autoload() -> None:
                           f"(first: {report.skipped[0][1]})", RuntimeWarning, stacklevel=2)
 
 
+def suppress_autoload() -> None:
+    """Load no pack automatically in this process (a process that builds a pack: what it packs
+    must be what it compiled, not other packs' entries placed in its cache folder)."""
+    global _AUTO
+    if _AUTO is None:
+        _AUTO = []
+
+
 def loaded() -> list[PackReport]:
     """The reports of the packs autoload() loaded in this process (empty before it ran)."""
     return list(_AUTO or [])

@@ -43,6 +43,7 @@ class Capture:
     def __enter__(self) -> "Capture":
         from triton import knobs
 
+        packs.suppress_autoload()  # no other pack's entries into the folder this one is made from
         self._tmp = tempfile.TemporaryDirectory(prefix="attngen-pack-")
         self.cache_dir = Path(self._tmp.name)
         self._scope = knobs.cache.scope()

@@ -17,6 +17,8 @@ one, no attention: torch imports sympy there, 2.2 s on the H100 machine) is time
   warm    a new process on the Triton cache the cold run filled
   packed  empty caches, with a pack of the same shape (built once by `attngen warmup SPEC
           --backward --pack FILE`, timed) in ATTNGEN_PACKS
+  shipped empty caches, no ATTNGEN_PACKS: the packs shipped in attngen/packs/ (only where there
+          are some; the other settings switch them off with ATTNGEN_SHIPPED_PACKS=0)
 
 Writes one JSON: GPU, versions, commit, the shape, the pack (bytes per kind, build time), every
 run and the medians; prints a table of the medians. `--device cpu` is a smoke run of the tool
@@ -37,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # this checkout's attngen, whatever is installed
-SETTINGS = ("cold", "warm", "packed")
+SETTINGS = ("cold", "warm", "packed", "shipped")
 SPEC = """\
 kernels:
   - name: first_call
@@ -133,15 +135,17 @@ def _profile_text(prof, lines: int = 60) -> str:
     return buf.getvalue()
 
 
-def _env(triton_cache: Path, attngen_cache: Path, pack: Path | None) -> dict:
+def _env(triton_cache: Path, attngen_cache: Path, pack: Path | None, shipped: bool = False) -> dict:
     e = {k: v for k, v in os.environ.items() if k != "ATTNGEN_PACKS"}
-    e.update(TRITON_CACHE_DIR=str(triton_cache), ATTNGEN_CACHE_DIR=str(attngen_cache), PYTHONUNBUFFERED="1")
+    e.update(TRITON_CACHE_DIR=str(triton_cache), ATTNGEN_CACHE_DIR=str(attngen_cache), PYTHONUNBUFFERED="1",
+             ATTNGEN_SHIPPED_PACKS="1" if shipped else "0")
     if pack is not None:
         e["ATTNGEN_PACKS"] = str(pack)
     return e
 
 
-def run_child(args, tmp: Path, name: str, triton_cache: Path, attngen_cache: Path, pack=None) -> dict:
+def run_child(args, tmp: Path, name: str, triton_cache: Path, attngen_cache: Path, pack=None,
+              shipped: bool = False) -> dict:
     result = tmp / f"{name}.json"
     argv = [sys.executable, __file__, "--child", str(result), "--shape", ",".join(map(str, args.shape)),
             "--dtype", args.dtype, "--device", args.device] + ([] if args.causal else ["--no-causal"])
@@ -149,7 +153,7 @@ def run_child(args, tmp: Path, name: str, triton_cache: Path, attngen_cache: Pat
         Path(args.profile).mkdir(parents=True, exist_ok=True)
         argv += ["--profile", str(Path(args.profile) / f"{name}.txt")]
     t = time.perf_counter()
-    res = subprocess.run(argv, env=_env(triton_cache, attngen_cache, pack), cwd=REPO, capture_output=True,
+    res = subprocess.run(argv, env=_env(triton_cache, attngen_cache, pack, shipped), cwd=REPO, capture_output=True,
                          text=True, timeout=args.timeout)
     if res.returncode:
         sys.exit(f"{name}: exit {res.returncode}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}")
@@ -231,7 +235,11 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="attngen-first-call-") as name:
         tmp = Path(name)
-        settings = SETTINGS if args.device == "cuda" else SETTINGS[:2]
+        from attngen import env
+
+        settings = SETTINGS[:3] if args.device == "cuda" else SETTINGS[:2]
+        if args.device == "cuda" and env.shipped_packs():
+            settings += ("shipped",)
         pack = build_pack(args, tmp) if "packed" in settings else {"path": Path("none")}
         runs = {s: [] for s in settings}
         for r in range(args.repeats):
@@ -241,6 +249,9 @@ def main() -> None:
             if "packed" in runs:
                 runs["packed"].append(run_child(args, tmp, f"packed{r}", tmp / f"packed{r}_triton",
                                                 tmp / f"packed{r}_attngen", pack["path"]))
+            if "shipped" in runs:
+                runs["shipped"].append(run_child(args, tmp, f"shipped{r}", tmp / f"shipped{r}_triton",
+                                                 tmp / f"shipped{r}_attngen", shipped=True))
         pack["path"] = pack["path"].name
     import triton
 

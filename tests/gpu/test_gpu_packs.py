@@ -39,9 +39,10 @@ CALL = textwrap.dedent(f"""
     probe = StartupProbe().install()
     import attngen
     from attngen.runtime import packs
+    hq, hkv, s, d = map(int, sys.argv[2:6])
     torch.manual_seed(0)
-    q = torch.randn(1, 4, {SEQLEN}, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    k, v = (torch.randn(1, 2, {SEQLEN}, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(1, hq, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(1, hkv, s, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             for _ in range(2))
     with probe.phase("forward"):
         out = attngen.attention(q, k, v, causal=True)
@@ -59,7 +60,9 @@ CALL = textwrap.dedent(f"""
 
 
 def _python(args, tmp_path, **extra) -> subprocess.CompletedProcess:
-    environ = {**os.environ, "ATTNGEN_CACHE_DIR": str(tmp_path / "attngen_cache"), **extra}
+    # the packs shipped in attngen/packs/ only where a test asks for them
+    environ = {**os.environ, "ATTNGEN_CACHE_DIR": str(tmp_path / "attngen_cache"), "ATTNGEN_SHIPPED_PACKS": "0",
+               **extra}
     environ.pop("TRITON_INTERPRET", None)
     if "ATTNGEN_PACKS" not in extra:
         environ.pop("ATTNGEN_PACKS", None)
@@ -69,10 +72,11 @@ def _python(args, tmp_path, **extra) -> subprocess.CompletedProcess:
     return res
 
 
-def _call(tmp_path, name: str, **extra) -> tuple[dict, dict]:
+def _call(tmp_path, name: str, shape=(4, 2, SEQLEN, 64), **extra) -> tuple[dict, dict]:
     cache = tmp_path / f"triton_{name}"
     cache.mkdir()
-    res = _python(["-c", CALL, str(tmp_path / f"{name}.pt")], tmp_path, TRITON_CACHE_DIR=str(cache), **extra)
+    res = _python(["-c", CALL, str(tmp_path / f"{name}.pt"), *map(str, shape)], tmp_path,
+                  TRITON_CACHE_DIR=str(cache), **extra)
     return json.loads(res.stdout.strip().splitlines()[-1]), torch.load(tmp_path / f"{name}.pt")
 
 
@@ -93,3 +97,22 @@ def test_a_packed_process_compiles_nothing_and_matches_bitwise(tmp_path):
         assert packed["phases"][phase].get("cache_hits", 0) >= 1, packed["phases"][phase]
     for name in ("out", "dq", "dk", "dv"):
         assert torch.equal(ref[name], got[name]), f"{name}: the packed run differs from the compiled one"
+
+
+def test_the_shipped_pack_serves_llama_without_compiling(tmp_path):
+    """attngen/packs/sm90_llama.pack (attngen warmup specs/llama.yaml --backward): a fresh process
+    with empty caches and no ATTNGEN_PACKS runs Llama-3-8B's causal bf16 forward and backward at a
+    warmed bucket (4096) without compiling, and as a process that compiled them."""
+    from attngen import env
+
+    if not env.shipped_packs():
+        pytest.skip("no pack shipped in attngen/packs/")
+    shape = (32, 8, 4096, 128)
+    cold, ref = _call(tmp_path, "cold", shape)
+    shipped, got = _call(tmp_path, "shipped", shape, ATTNGEN_SHIPPED_PACKS="1")
+    assert cold["compiled"]["forward"] and cold["compiled"]["backward"], cold
+    reports = [r for r in shipped["packs"] if r["path"].endswith("sm90_llama.pack")]
+    assert len(reports) == 1 and reports[0]["error"] is None and reports[0]["taken"], shipped["packs"]
+    assert shipped["compiled"] == {"forward": [], "backward": []}, shipped["phases"]
+    for name in ("out", "dq", "dk", "dv"):
+        assert torch.equal(ref[name], got[name]), f"{name}: the shipped pack's run differs from a compiled one"

@@ -57,3 +57,34 @@ def test_errors_are_not_cached():
     # the same text with the parameter not learnable is fine
     x, _, learn = exprs.expr_options(q, 4, _opts(), mm, None, None, None, learnable=())
     assert learn == [] and x.expr.mask_expr
+
+
+def test_runs_kept_while_the_ids_are_unchanged():
+    """XR_<P> of a document-id tensor is computed once per tensor and version: every in-place write
+    (to it or to its base) recomputes it, and another tensor of equal content gets its own."""
+    from attngen.kernels.expr_buffers import run_bounds
+
+    q = torch.randn(1, 4, 8, 64)
+    base = torch.cat([torch.arange(131, dtype=torch.int32) // 17, torch.zeros(5, dtype=torch.int32)])
+    doc = base[:131]  # a view: writes through the base bump its version too
+
+    def xr():
+        mm = lambda b, h, qi, ki: (doc[qi] == doc[ki]) & (ki <= qi)  # noqa: E731
+        return exprs.expr_options(q, 4, _opts(), mm, None, None, None)[1]["XR_mp0"]
+
+    first = xr()
+    assert torch.equal(first, run_bounds(doc)) and xr() is first
+    doc[40:60] = 3  # in place: the runs change
+    second = xr()
+    assert second is not first and torch.equal(second, run_bounds(doc))
+    base[0] = 7  # through the base: P now decreases at 1, so the runs bound nothing
+    third = xr()
+    assert third is not second and torch.equal(third, run_bounds(doc)) and int(third[-1]) == 0
+    doc = doc.clone()  # equal content, another tensor
+    assert xr() is not third and torch.equal(xr(), third)
+    n = len(exprs._RUNS)
+    del doc, base
+    import gc
+
+    gc.collect()
+    assert len(exprs._RUNS) < n  # a dead tensor's entry goes with it

@@ -108,6 +108,7 @@ ROUND_TRIP = COMMON + textwrap.dedent("""
 def _run(script: str, folder, stub) -> dict:
     environ = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_LIBCUDA_PATH": str(stub),
                "LD_LIBRARY_PATH": str(stub), "TRITON_CACHE_DIR": str(folder / "triton_default"),
+               "ATTNGEN_SHIPPED_PACKS": "0",  # the packs these tests make, only
                # each script a machine of its own for the remembered Triton key (runtime.tritonkey)
                "ATTNGEN_CACHE_DIR": str(folder / f"attngen_cache_{hashlib.sha256(script.encode()).hexdigest()[:8]}")}
     environ.pop("ATTNGEN_PACKS", None)
@@ -325,6 +326,7 @@ def test_autoload_runs_once_and_warns_for_a_pack_it_cannot_use(tmp_path, monkeyp
     monkeypatch.setattr(packs, "load_pack", lambda p: calls.append(p.name) or reports[p.name])
     monkeypatch.setattr(env, "interpreting", lambda: False)
     monkeypatch.setenv("ATTNGEN_PACKS", os.pathsep.join(str(tmp_path / n) for n in reports))
+    monkeypatch.setenv("ATTNGEN_SHIPPED_PACKS", "0")
     monkeypatch.setattr(packs, "_AUTO", None)
     with pytest.warns(RuntimeWarning) as seen:
         packs.autoload()
@@ -342,3 +344,31 @@ def test_the_loader_loads_packs_before_its_first_module(tmp_path, monkeypatch):
     (tmp_path / "mod_for_autoload.py").write_text("X = 1\n")
     assert loader.load_path(tmp_path / "mod_for_autoload.py").X == 1
     assert calls == [1]
+
+
+def test_shipped_packs_are_whole(tmp_path, monkeypatch):
+    """The packs shipped in attngen/packs/ read, name only files a pack may hold, are for sm90
+    and the shipped Triton, and carry Triton's key record; loading one never fails (on a machine
+    whose Triton differs every entry is skipped, with the reason)."""
+    import triton
+
+    monkeypatch.delenv("ATTNGEN_SHIPPED_PACKS", raising=False)
+    shipped = env.shipped_packs()
+    assert shipped, "no pack in attngen/packs/"
+    for path in shipped:
+        with zipfile.ZipFile(path) as zf:
+            manifest = packs.read_manifest(zf)
+            names = set(zf.namelist())
+        kernels = [e for e in manifest["entries"] if e["kind"] == "kernel"]
+        assert kernels and all(packs.unsafe(e) is None for e in manifest["entries"])
+        assert all(packs.member(e["dir"], r["name"]) in names for e in manifest["entries"] for r in e["files"])
+        assert {e["target"]["arch"] for e in kernels} == {90}
+        assert {e["triton_version"] for e in kernels} == {triton.__version__}
+        assert all(e["kernel"]["uri"].startswith("attn_") for e in kernels)
+        assert manifest["triton_key_record"]["key"].startswith(triton.__version__)
+        report = packs.load_pack(path, cache_dir=tmp_path / "cache", archs={90})
+        assert report.error is None and len(report.taken) + len(report.skipped) == len(manifest["entries"])
+    monkeypatch.setenv("ATTNGEN_PACKS", str(tmp_path / "mine.pack"))
+    assert env.pack_paths() == [tmp_path / "mine.pack", *shipped]  # the user's first
+    monkeypatch.setenv("ATTNGEN_SHIPPED_PACKS", "0")
+    assert env.shipped_packs() == [] and env.pack_paths() == [tmp_path / "mine.pack"]
