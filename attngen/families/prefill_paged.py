@@ -6,7 +6,8 @@ and its Family record; the tuner's hooks are in prefill_paged_tuning.py.
 
 The kernel tiles as the forward's pointer kernel does (BLOCK_M query rows x BLOCK_N keys, online
 softmax, masked and unmasked key stages) and reads K / V as the decode family's paged kernel does
-(16 keys of one page a group, the table read one block ahead). With pack_gqa, the query heads of
+(16 keys of one page a group, the table read one block ahead), or, on sm90 where the pages hold
+whole blocks (tma_kv), through the copy engine, one table entry a block. With pack_gqa, the query heads of
 one KV head share a tile (their rows interleaved token by token), so the cache is read once per
 KV head rather than once per query head.
 """
@@ -42,6 +43,9 @@ class PrefillPagedConfig:
     pack_gqa: bool = True
     # _softmax.online_softmax's lazy rescaling (the forward's knob)
     lazy_rescale: bool = False
+    # sm90: K / V blocks through the copy engine where a call's pages allow it (page_size a multiple
+    # of block_n, pages contiguous, rows 16-byte aligned: tma_kv), else the pointer gather
+    tma: bool = False
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -66,6 +70,8 @@ def check_prefill_paged(spec: KernelSpec, cfg: PrefillPagedConfig) -> str | None
         return "num_warps must be 1, 2, 4 or 8"
     if cfg.num_stages < 1:
         return "num_stages must be >= 1"
+    if cfg.tma and spec.target != "sm90":
+        return "tma (K / V through the copy engine) needs an sm90 target"
     need, have = smem_bytes(spec, cfg), SMEM_LIMIT.get(spec.target, SMEM_LIMIT["sm80"])
     if need > have:
         return f"needs ~{need} B of shared memory, {spec.target} has {have}"
@@ -73,11 +79,11 @@ def check_prefill_paged(spec: KernelSpec, cfg: PrefillPagedConfig) -> str | None
 
 
 # the forward's tile space (its pointer kernel has the same loop), and the GQA packing
-SPACE: dict[str, tuple] = {**FWD_SPACE, "pack_gqa": (True, False)}
+SPACE: dict[str, tuple] = {**FWD_SPACE, "pack_gqa": (True, False), "tma": (True, False)}
 
-# Defaults, not measured on a GPU yet: the forward pointer kernel's sm80 defaults per head dim
-# (families/fwd.py: default_fwd_config), for both targets (the family has no TMA kernel), with
-# the tile rows counted as packed rows (query tokens x the GQA ratio).
+# Defaults: the forward pointer kernel's sm80 defaults per head dim (families/fwd.py:
+# default_fwd_config), with the tile rows counted as packed rows (query tokens x the GQA ratio);
+# on sm90 with tma on (used where a call's pages allow it: tma_kv).
 SHORT_ROWS = 1024  # up to this many packed rows per sequence, 64-row tiles fill the GPU better
 
 
@@ -86,7 +92,8 @@ def default_prefill_paged_config(spec: KernelSpec, device_kind: str = "cuda", se
     """The family's default: big tiles in the interpreter (its cost is per tile operation), else
     by head dim, mask and the bucket's query length (seqlen_q: the longest chunk's class)."""
     pack = not spec.has_expr  # expression kernels: one query head a tile (check_prefill_paged)
-    return dataclasses.replace(_default(spec, device_kind, seqlen_q), pack_gqa=pack)
+    tma = spec.target == "sm90" and device_kind != "cpu"  # used where a call's pages allow (tma_kv)
+    return dataclasses.replace(_default(spec, device_kind, seqlen_q), pack_gqa=pack, tma=tma)
 
 
 def _default(spec: KernelSpec, device_kind: str, seqlen_q: int) -> PrefillPagedConfig:
@@ -99,6 +106,23 @@ def _default(spec: KernelSpec, device_kind: str, seqlen_q: int) -> PrefillPagedC
         return PrefillPagedConfig(64, 64, 4, 2)
     rows = seqlen_q * spec.gqa_ratio
     return PrefillPagedConfig(64, 64, 4, 3) if 0 < rows <= SHORT_ROWS else PrefillPagedConfig(128, 64, 8, 3)
+
+
+def tma_kv(cfg: PrefillPagedConfig, k, v) -> bool:
+    """Whether a launch with `cfg` reads these K / V pools (num_pages, page_size, Hkv, D) through the
+    copy engine: cfg.tma, each block of block_n keys inside one page (page_size a multiple of
+    block_n), pages back to back (a page's stride is page_size rows), unit head-dim stride, and
+    16-byte aligned bases and rows (descriptors over each KV head's (num_pages x page_size) rows)."""
+    if not cfg.tma:
+        return False
+    for t in (k, v):
+        num_pages, page_size, _, _ = t.shape
+        es = t.element_size()
+        if (t.numel() == 0 or page_size % cfg.block_n or t.stride(3) != 1 or t.stride(0) != page_size * t.stride(1)
+                or t.data_ptr() % 16 or (t.stride(1) * es) % 16 or (t.stride(2) * es) % 16
+                or num_pages * page_size >= 2 ** 31):
+            return False
+    return True
 
 
 def row_heads(spec: KernelSpec, cfg: PrefillPagedConfig) -> int:
@@ -129,6 +153,7 @@ def prefill_paged_launches(mod, spec: KernelSpec, q, k, v, out, lse, cu_seqlens_
     groups = hq // rh
     blocks = -(-max_seqlen_q * rh // cfg.block_m) if total_q else 0
     qk_scale, softcap_in, softcap_out = mask.score_args()
+    tma = tma_kv(cfg, k, v)
     values = {
         "Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
         "SequsedK": seqused_k, "BlockTable": block_table, "Flags": flags,
@@ -142,10 +167,10 @@ def prefill_paged_launches(mod, spec: KernelSpec, q, k, v, out, lse, cu_seqlens_
         "window_left": mask.window_left, "window_right": mask.window_right,
         "GQA": spec.gqa_ratio, "ROW_HEADS": rh, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
         "HAS_SEQUSED": seqused_k is not None, "ALIGN_TOP_LEFT": mask.align_top_left,
-        "LAZY_RESCALE": bool(cfg.lazy_rescale), **expr_values(extra),
+        "LAZY_RESCALE": bool(cfg.lazy_rescale), "TMA_KV": tma, **expr_values(extra),
     }
     grid = programs(blocks, seqs * groups, "q") if blocks and seqs else 0
-    return [Launch.of(mod, "_attn_prefill_paged", grid, values, cfg.num_warps, cfg.num_stages)]
+    return [Launch.of(mod, "_attn_prefill_paged", grid, values, cfg.num_warps, cfg.num_stages, scratch=tma)]
 
 
 def variants(spec: KernelSpec) -> dict[str, bool]:

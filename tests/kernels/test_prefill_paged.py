@@ -11,6 +11,7 @@ test_prefill_paged_guard.py; the same grid on a GPU: tests/gpu/test_gpu_prefill_
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -90,24 +91,30 @@ def _name(c):
             f"_{bm}x{bn}{'_seqused' if used else '_cuk'}")
 
 
-def run_case(case, device="cpu"):
-    """The family's launch on the case with NaN-poisoned outputs: (out, lse, o64, l64, o_pt)."""
+def run_case(case, device="cpu", tma=False):
+    """The family's launch on the case with NaN-poisoned outputs: (out, lse, o64, l64, o_pt).
+    tma: the sm90 kernel with K / V through descriptors (the launch must take that path)."""
     dt, lq, lk, hq, hkv, d, page, causal, window, softcap, top_left, pack, bm, bn, used = case
     dtype = DTYPES[dt]
     mask, wl, wr = mask_kind(causal, window)
-    spec = KernelSpec("prefill_paged", dt, "sm80", d, d, hq // hkv, mask, softcap > 0, False)
+    spec = KernelSpec("prefill_paged", dt, "sm90" if tma else "sm80", d, d, hq // hkv, mask, softcap > 0, False)
     mod = loader.load(spec)
     kp, vp, table = make_paged(lk, hkv, d, dtype, page, seed=1, device=device)
+    for b, n in enumerate(lk):  # slots of a sequence's last page past its keys: NaN, never read into a row
+        if n % page:
+            kp[table[b, n // page].long(), n % page:] = float("nan")
+            vp[table[b, n // page].long(), n % page:] = float("nan")
     q, = random_inputs((sum(lq), hq, d), dtype=dtype, device=device, seed=2, mults=[3.0 if softcap else 1.0])
     cu_q, cu_k = cumulative(lq, device), cumulative(lk, device)
     seqused = torch.tensor(lk, dtype=torch.int32, device=device) if used else None
     out = torch.full((sum(lq), hq, d), float("nan"), dtype=dtype, device=device)
     lse = torch.full((hq, sum(lq)), float("nan"), device=device)
     scale = 1.0 / math.sqrt(d)
-    cfg = fp.PrefillPagedConfig(bm, bn, 4, 1, pack_gqa=pack)
+    cfg = fp.PrefillPagedConfig(bm, bn, 4, 1, pack_gqa=pack, tma=tma)
     flags = torch.zeros(4, dtype=torch.int32, device=device)
     for la in fp.prefill_paged_launches(mod, spec, q, kp, vp, out, lse, cu_q, None if used else cu_k, seqused, table,
                                         max(lq), MaskArgs(scale, softcap, wl, wr, top_left), cfg, flags):
+        assert la.values["TMA_KV"] == tma and la.scratch == tma
         la.run()
     assert not flags.any(), f"valid metadata flagged: {flags.tolist()}"
     k, v = dense_keys(kp, table, lk), dense_keys(vp, table, lk)
@@ -121,6 +128,41 @@ def test_prefill_paged_kernel_against_float64(case):
     out, lse, o64, l64, opt = run_case(case)
     assert_flash_rule(_name(case), out, o64, opt, 2.0)
     assert_lse_close(_name(case) + " lse", lse, l64)
+
+
+# K / V through descriptors (sm90): pages of one block (32 / 32) and of two or four (64 / 32,
+# 64 / 16), a head dim the descriptor pads (40), the last page of a sequence partly past its keys
+# (random values there: their V rows must be zeroed), -1 padding, windows, softcap, top-left
+TMA_CASES = [
+    ("fp16", [1, 17, 113], [40, 90, 203], 4, 2, 32, 32, True, (-1, -1), 0.0, False, True, 64, 32, True),
+    ("bf16", [33, 113, 5], [33, 100, 160], 6, 2, 40, 64, True, (24, -1), 0.0, False, False, 32, 32, False),
+    ("fp16", [17, 50, 64], [80, 121, 64], 8, 2, 32, 64, False, (20, 7), 30.0, False, True, 64, 16, True),
+    ("bf16", [20, 9], [45, 30], 4, 2, 64, 32, True, (-1, -1), 0.0, True, True, 32, 32, True),
+]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=[_name(c) for c in TMA_CASES])
+def test_prefill_paged_tma_kernel_against_float64(case):
+    out, lse, o64, l64, opt = run_case(case, tma=True)
+    assert_flash_rule(_name(case) + " tma", out, o64, opt, 2.0)
+    assert_lse_close(_name(case) + " tma lse", lse, l64)
+
+
+def test_tma_kv_takes_only_pages_that_hold_whole_blocks():
+    """tma_kv: on only where every block of keys lies in one page of a contiguous, aligned pool."""
+    spec = KernelSpec("prefill_paged", "bf16", "sm90", 64, 64, 2, "causal", False, False)
+    kp = torch.zeros(5, 64, 2, 64, dtype=torch.bfloat16)
+    on = fp.PrefillPagedConfig(64, 64, 4, 2, tma=True)
+    assert fp.tma_kv(on, kp, kp)
+    assert not fp.tma_kv(fp.PrefillPagedConfig(64, 64, 4, 2), kp, kp)  # tma off
+    assert not fp.tma_kv(fp.PrefillPagedConfig(64, 128, 4, 2, tma=True), kp, kp)  # a block spans two pages
+    assert fp.tma_kv(fp.PrefillPagedConfig(64, 32, 4, 2, tma=True), kp, kp)
+    wide = torch.zeros(5, 96, 2, 64, dtype=torch.bfloat16)[:, :64]  # pages not back to back
+    assert not fp.tma_kv(on, wide, wide)
+    odd = torch.zeros(5, 64, 2, 68, dtype=torch.bfloat16)[..., :60]  # rows not 16-byte aligned
+    assert not fp.tma_kv(on, odd, odd)
+    assert fp.check_prefill_paged(dataclasses.replace(spec, target="sm80"), on) is not None
+    assert fp.check_prefill_paged(spec, on) is None
 
 
 def _call_inputs(lq, lk, hq, hkv, d, page, dtype=torch.float16, seed=3):
