@@ -6,7 +6,9 @@ before the chunk are the cached prefix), causal bottom-right, bf16. Measured in 
 same values:
 
 * `attngen-paged`: attngen.attention_varlen with block_table and seqused_k, the keys in pages of
-  PAGE tokens in shuffled order (the prefill_paged family);
+  PAGE tokens in shuffled order (the prefill_paged family's pointer gather: vLLM's page size);
+* `attngen-paged64`: the same with pages of PAGE_TMA tokens, which hold whole key blocks (on
+  sm90 K / V then come through the copy engine: families/prefill_paged.py, tma_kv);
 * `attngen-varlen`: attngen.attention_varlen on the same keys packed densely, cu_seqlens_k (the
   forward family), the yardstick a paged kernel is held to.
 
@@ -29,7 +31,8 @@ from attngen.bench.run import BUSY_MS, TIMING, with_discarded_first
 from attngen.problem import attended_pairs
 
 PAGE = 16
-PROVIDERS = ("attngen-paged", "attngen-varlen")
+PAGE_TMA = 64
+PROVIDERS = ("attngen-paged", "attngen-paged64", "attngen-varlen")
 
 
 @dataclass(frozen=True)
@@ -79,22 +82,27 @@ def _providers(case: PrefillCase, dtype, device, seed: int = 0) -> dict:
     v = torch.randn(sum(lk), hkv, d, generator=g, device=device, dtype=dtype)
     cu_q = torch.tensor([0, *_cumulative(lq)], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, *_cumulative(lk)], dtype=torch.int32, device=device)
-    per_seq = -(-max(lk) // PAGE)
-    perm = torch.randperm(len(lk) * per_seq, generator=torch.Generator().manual_seed(seed)).to(device)
-    table = perm.reshape(len(lk), per_seq).to(torch.int32)
-    pages = {}
-    for name, x in (("k", k), ("v", v)):
-        rows = torch.zeros(len(lk), per_seq * PAGE, hkv, d, device=device, dtype=dtype)
-        for b, (start, n) in enumerate(zip(cu_k.tolist(), lk)):
-            rows[b, :n] = x[start:start + n]
-        pooled = torch.empty(len(lk) * per_seq, PAGE, hkv, d, device=device, dtype=dtype)
-        pooled[perm] = rows.reshape(-1, PAGE, hkv, d)
-        pages[name] = pooled
     used = torch.tensor(lk, dtype=torch.int32, device=device)
     mq, mk = max(lq), max(lk)
+
+    def paged(page: int):
+        per_seq = -(-max(lk) // page)
+        perm = torch.randperm(len(lk) * per_seq, generator=torch.Generator().manual_seed(seed)).to(device)
+        table = perm.reshape(len(lk), per_seq).to(torch.int32)
+        pages = {}
+        for name, x in (("k", k), ("v", v)):
+            rows = torch.zeros(len(lk), per_seq * page, hkv, d, device=device, dtype=dtype)
+            for b, (start, n) in enumerate(zip(cu_k.tolist(), lk)):
+                rows[b, :n] = x[start:start + n]
+            pooled = torch.empty(len(lk) * per_seq, page, hkv, d, device=device, dtype=dtype)
+            pooled[perm] = rows.reshape(-1, page, hkv, d)
+            pages[name] = pooled
+        return lambda: attngen.attention_varlen(q, pages["k"], pages["v"], cu_q, None, mq, mk, causal=True,
+                                                block_table=table, seqused_k=used)
+
     return {
-        "attngen-paged": lambda: attngen.attention_varlen(q, pages["k"], pages["v"], cu_q, None, mq, mk, causal=True,
-                                                          block_table=table, seqused_k=used),
+        "attngen-paged": paged(PAGE),
+        "attngen-paged64": paged(PAGE_TMA),
         "attngen-varlen": lambda: attngen.attention_varlen(q, k, v, cu_q, cu_k, mq, mk, causal=True),
     }
 
@@ -126,7 +134,7 @@ def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None, out: s
     rows = []
     doc = {"gpu": torch.cuda.get_device_name(device) if cuda else "cpu (Triton's interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version(),
-           "dtype": str(dtype).replace("torch.", ""), "page_size": PAGE,
+           "dtype": str(dtype).replace("torch.", ""), "page_size": PAGE, "page_size_paged64": PAGE_TMA,
            "timing": {**timing, "return_mode": "median", "function": "triton.testing.do_bench"},
            "flops": "4 x Hq x D x attended (query, key) pairs, causal bottom-right per sequence", "rows": rows}
     for case, keep in (with_discarded_first(cases) if cuda else [(c, True) for c in cases]):
@@ -158,12 +166,14 @@ def run(cases, dtype=torch.bfloat16, quick: bool = False, providers=None, out: s
                     continue
                 row["ms"][name] = ms
                 row["TFLOPs"][name] = round(case.flops / ms / 1e9, 2)
-        if "attngen-paged" in row["TFLOPs"] and "attngen-varlen" in row["TFLOPs"]:
-            row["paged/varlen"] = round(row["ms"]["attngen-varlen"] / row["ms"]["attngen-paged"], 3)
+        for name in ("attngen-paged", "attngen-paged64"):
+            if name in row["TFLOPs"] and "attngen-varlen" in row["TFLOPs"]:
+                row[f"{name[8:]}/varlen"] = round(row["ms"]["attngen-varlen"] / row["ms"][name], 3)
         if not keep:
             continue
         rows.append(row)
-        print(json.dumps({k: row.get(k) for k in ("case", "TFLOPs", "paged/varlen", "notes")}), flush=True)
+        print(json.dumps({k: row.get(k) for k in ("case", "TFLOPs", "paged/varlen", "paged64/varlen", "notes")}),
+              flush=True)
         if out:
             with open(out, "w") as f:
                 json.dump(doc, f, indent=1)

@@ -19,7 +19,16 @@ from attngen.testing import assert_flash_rule, assert_lse_close
 from tests.gpu.test_gpu_kvcache_guard import _clear_flag  # noqa: F401 (autouse: the flag clear before each test)
 from tests.kernels import test_prefill_paged_guard as guard
 from tests.kernels.test_kvcache_guard import close
-from tests.kernels.test_prefill_paged import CASES, _name, cumulative, dense_keys, make_paged, reference, run_case
+from tests.kernels.test_prefill_paged import (
+    CASES,
+    TMA_CASES,
+    _name,
+    cumulative,
+    dense_keys,
+    make_paged,
+    reference,
+    run_case,
+)
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -32,12 +41,23 @@ def test_gpu_prefill_paged_kernel_grid(case):
     assert_lse_close(_name(case) + " lse", lse, l64)
 
 
-# (chunks, key counts, Hq, Hkv, D, page, window, softcap)
+@pytest.mark.parametrize("case", TMA_CASES, ids=[_name(c) for c in TMA_CASES])
+def test_gpu_prefill_paged_tma_kernel_grid(case):
+    out, lse, o64, l64, opt = run_case(case, device=DEV, tma=True)
+    assert_flash_rule(_name(case) + " tma", out, o64, opt, 2.0)
+    assert_lse_close(_name(case) + " tma lse", lse, l64)
+
+
+# (chunks, key counts, Hq, Hkv, D, page, window, softcap); pages of 64 and 128 take the copy
+# engine at the default configs (tma_kv), pages of 16 and 32 the pointer gather
 SERVING = [
     ([1, 512, 2048, 77], [3000, 1500, 2100, 700], 32, 8, 128, 16, (-1, -1), 0.0),
     ([1000, 1, 1, 300], [8192, 4097, 16, 5000], 32, 8, 128, 16, (-1, -1), 0.0),
     ([700, 64], [4100, 64], 16, 8, 256, 32, (4095, -1), 50.0),
     ([256] * 3 + [1] * 13, [2048] * 16, 32, 32, 64, 16, (-1, -1), 0.0),
+    ([1, 512, 2048, 77], [3000, 1500, 2100, 700], 32, 8, 128, 64, (-1, -1), 0.0),
+    ([1000, 1, 1, 300], [8192, 4097, 16, 5000], 32, 8, 128, 128, (1023, -1), 30.0),
+    ([700, 64], [4100, 64], 16, 8, 256, 64, (4095, -1), 50.0),
 ]
 
 
@@ -45,6 +65,10 @@ SERVING = [
 def test_gpu_serving_shapes(case):
     lq, lk, hq, hkv, d, page, window, softcap = case
     kp, vp, table = make_paged(lk, hkv, d, torch.bfloat16, page, seed=1, device=DEV, spare=7, room=2)
+    for b, n in enumerate(lk):  # slots past each sequence's keys: NaN, never read into a row
+        if n % page:
+            kp[table[b, n // page].long(), n % page:] = float("nan")
+            vp[table[b, n // page].long(), n % page:] = float("nan")
     q, = random_inputs((sum(lq), hq, d), dtype=torch.bfloat16, device=DEV, seed=2, mults=[3.0 if softcap else 1.0])
     cu_q, cu_k = cumulative(lq, DEV), cumulative(lk, DEV)
     used = torch.tensor(lk, dtype=torch.int32, device=DEV)
