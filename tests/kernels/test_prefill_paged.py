@@ -273,12 +273,14 @@ def test_configs_defaults_and_space():
     from attngen.families.base import search_space
 
     sp = search_space(fp.FAMILY, "sm90")
-    for d, mask, gqa, kind, sq in itertools.product((64, 128, 256), ("causal", "sliding_window"), (1, 4),
-                                                    ("cuda", "cpu"), (16, 4096)):
-        s = KernelSpec("prefill_paged", "bf16", "sm80", d, d, gqa, mask)
+    for d, mask, gqa, kind, sq, target in itertools.product((64, 128, 256), ("causal", "sliding_window"), (1, 4),
+                                                            ("cuda", "cpu"), (16, 4096), ("sm80", "sm90")):
+        s = KernelSpec("prefill_paged", "bf16", target, d, d, gqa, mask)
         cfg = fp.default_prefill_paged_config(s, kind, sq)
         assert fp.check_prefill_paged(s, cfg) is None, (s.uri, cfg)
         assert all(getattr(cfg, n) in sp[n] for n in sp), (cfg, sp)
+        # the copy engine by default only on sm90 GPUs at the head dim it measured ahead at
+        assert cfg.tma == (target == "sm90" and kind == "cuda" and d == 128), (s.uri, kind, cfg)
     s = KernelSpec("prefill_paged", "bf16", "sm80", 256, 256, 1, "causal")
     assert "shared memory" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(128, 128, 8, 4))
     assert "powers of two" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(48, 64, 4, 1))
