@@ -83,7 +83,8 @@ SPACE: dict[str, tuple] = {**FWD_SPACE, "pack_gqa": (True, False), "tma": (True,
 
 # Defaults: the forward pointer kernel's sm80 defaults per head dim (families/fwd.py:
 # default_fwd_config), with the tile rows counted as packed rows (query tokens x the GQA ratio);
-# on sm90 at head dims 65-128 with tma on (used where a call's pages allow it: tma_kv).
+# on sm90, tma for one query head a tile at head dims 65-128 (used where a call's pages allow
+# it: tma_kv).
 SHORT_ROWS = 1024  # up to this many packed rows per sequence, 64-row tiles fill the GPU better
 
 
@@ -92,11 +93,13 @@ def default_prefill_paged_config(spec: KernelSpec, device_kind: str = "cuda", se
     """The family's default: big tiles in the interpreter (its cost is per tile operation), else
     by head dim, mask and the bucket's query length (seqlen_q: the longest chunk's class)."""
     pack = not spec.has_expr  # expression kernels: one query head a tile (check_prefill_paged)
-    # the copy engine where a call's pages allow it (tma_kv), at the head dims where it measured
-    # ahead (H100, benchmarks/results/h100_bench_prefill_paged_tma_2026-12-06.json: hd128 MHA
-    # 1.19x the pointer gather, GQA 4 packed 1.00-1.01x; hd64 0.92x, so off there)
+    # the copy engine where a call's pages allow it (tma_kv), where it measured ahead (H100,
+    # benchmarks/results/h100_bench_prefill_paged_tma_2026-12-06.json): one query head a tile at
+    # head dims 65-128 (hd128 MHA 1.19x the pointer gather); hd64 lost (0.92x), and GQA-packed
+    # tiles are not measured yet (that run's GQA hd128 rows ran a stale build without it)
     d = max(spec.head_dim_qk, spec.head_dim_v)
-    tma = spec.target == "sm90" and device_kind != "cpu" and 64 < d <= 128
+    one_head = spec.gqa_ratio == 1 or not pack
+    tma = spec.target == "sm90" and device_kind != "cpu" and 64 < d <= 128 and one_head
     return dataclasses.replace(_default(spec, device_kind, seqlen_q), pack_gqa=pack, tma=tma)
 
 

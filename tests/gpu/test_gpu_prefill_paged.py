@@ -48,8 +48,8 @@ def test_gpu_prefill_paged_tma_kernel_grid(case):
     assert_lse_close(_name(case) + " tma lse", lse, l64)
 
 
-# (chunks, key counts, Hq, Hkv, D, page, window, softcap); pages of 64 and 128 take the copy
-# engine at the default configs (tma_kv), pages of 16 and 32 the pointer gather
+# (chunks, key counts, Hq, Hkv, D, page, window, softcap); at the default configs the MHA hd128
+# rows with pages of 64 take the copy engine (tma_kv), the rest the pointer gather
 SERVING = [
     ([1, 512, 2048, 77], [3000, 1500, 2100, 700], 32, 8, 128, 16, (-1, -1), 0.0),
     ([1000, 1, 1, 300], [8192, 4097, 16, 5000], 32, 8, 128, 16, (-1, -1), 0.0),
@@ -58,6 +58,8 @@ SERVING = [
     ([1, 512, 2048, 77], [3000, 1500, 2100, 700], 32, 8, 128, 64, (-1, -1), 0.0),
     ([1000, 1, 1, 300], [8192, 4097, 16, 5000], 32, 8, 128, 128, (1023, -1), 30.0),
     ([700, 64], [4100, 64], 16, 8, 256, 64, (4095, -1), 50.0),
+    ([1, 512, 2048, 77], [3000, 1500, 2100, 700], 16, 16, 128, 64, (-1, -1), 0.0),
+    ([1000, 1, 300], [8192, 4097, 5000], 16, 16, 128, 64, (1023, -1), 30.0),
 ]
 
 

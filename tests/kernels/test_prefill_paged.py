@@ -279,8 +279,8 @@ def test_configs_defaults_and_space():
         cfg = fp.default_prefill_paged_config(s, kind, sq)
         assert fp.check_prefill_paged(s, cfg) is None, (s.uri, cfg)
         assert all(getattr(cfg, n) in sp[n] for n in sp), (cfg, sp)
-        # the copy engine by default only on sm90 GPUs at the head dim it measured ahead at
-        assert cfg.tma == (target == "sm90" and kind == "cuda" and d == 128), (s.uri, kind, cfg)
+        # the copy engine by default only on sm90 GPUs where it measured ahead: hd128, one head a tile
+        assert cfg.tma == (target == "sm90" and kind == "cuda" and d == 128 and gqa == 1), (s.uri, kind, cfg)
     s = KernelSpec("prefill_paged", "bf16", "sm80", 256, 256, 1, "causal")
     assert "shared memory" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(128, 128, 8, 4))
     assert "powers of two" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(48, 64, 4, 1))
@@ -289,6 +289,8 @@ def test_configs_defaults_and_space():
     s = KernelSpec("prefill_paged", "bf16", "sm80", 64, 64, 4, "none", sinks=True)
     cfg = fp.default_prefill_paged_config(s, "cuda", 4096)
     assert not cfg.pack_gqa and fp.check_prefill_paged(s, cfg) is None
+    s128 = KernelSpec("prefill_paged", "bf16", "sm90", 128, 128, 4, "none", sinks=True)
+    assert fp.default_prefill_paged_config(s128, "cuda", 4096).tma  # one head a tile: the copy engine
     assert "one query head a tile" in fp.check_prefill_paged(s, fp.PrefillPagedConfig(64, 64, 4, 2))
 
 
