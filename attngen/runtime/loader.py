@@ -13,9 +13,11 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -35,11 +37,68 @@ def _manifest(gen_dir: str) -> dict:
 
 
 def built_module_path(spec: KernelSpec) -> Path | None:
+    """The built module of `spec` in the generated folders (env.generated_dirs()), None when none
+    is there or the one there was built from other templates than the current ones (then the
+    runtime renders the current templates; a warning says to rebuild)."""
     for gen in env.generated_dirs():
         ent = _manifest(str(gen)).get(spec.uri)
         if ent is not None and (gen / ent["file"]).exists():
-            return gen / ent["file"]
+            path = gen / ent["file"]
+            if built_from_current_templates(path):
+                return path
     return None
+
+
+# a module's stamp line naming its family template and the hash of it with its partials
+_TEMPLATE_STAMP = re.compile(r"^# template: +templates/(\S+) \(sha256 ([0-9a-f]+)\)$", re.M)
+# what a template imports or includes (the names Jinja's parser finds: codegen/render.py's
+# _imported, which tests/codegen/test_build.py holds this to)
+_TEMPLATE_REF = re.compile(r"""\{%-?\s*(?:import|from|include|extends)\s+["']([^"']+)["']""")
+_warned: set[str] = set()
+
+
+def template_closure(root: str, name: str) -> tuple[str, ...]:
+    """`name` and the templates it imports, transitively: the names render.family_template_hash
+    hashes, found without Jinja (the runtime does not import it)."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(_TEMPLATE_REF.findall((Path(root) / n).read_text()))
+    return (name, *sorted(seen - {name}))
+
+
+@functools.lru_cache(maxsize=None)
+def current_template_hash(root: str, name: str) -> str:
+    """render.family_template_hash of the family whose template is `name`, from the files now in
+    `root` (each family's once per process)."""
+    from attngen.codegen.hashing import sha256
+
+    return sha256("\n".join(f"{n}\n{(Path(root) / n).read_text()}" for n in template_closure(root, name)))[:16]
+
+
+def built_from_current_templates(path: Path) -> bool:
+    """Whether the module at `path` was built from the templates now in env.templates_dir() (its
+    stamp's template hash is theirs). A module without a template stamp, or templates that cannot
+    be read, count as current: the build is all there is."""
+    with open(path) as fh:
+        head = fh.read(4096)
+    m = _TEMPLATE_STAMP.search(head)
+    if m is None:
+        return True
+    try:
+        current = current_template_hash(str(env.templates_dir()), m[1])
+    except OSError:
+        return True
+    if current == m[2]:
+        return True
+    if str(path) not in _warned:
+        _warned.add(str(path))
+        warnings.warn(f"attngen: {path} was built from other templates (template hash {m[2]}, now {current}); "
+                      "rendering the current ones instead: run `attngen build`", RuntimeWarning, stacklevel=3)
+    return False
 
 
 def cached_module_path(spec: KernelSpec) -> Path:
