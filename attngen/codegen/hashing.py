@@ -14,6 +14,16 @@ def sha256(text: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def templates_hash(root, names) -> str:
+    """The template hash a generated module's stamp carries: of the files `names` (the family
+    template first, then its partials sorted) under the folder `root`, names and contents. The
+    build (codegen/render.py) and the runtime's check of a built module (runtime/loader.py) both
+    take it from here."""
+    import os
+
+    return sha256("\n".join(f"{n}\n{open(os.path.join(str(root), n)).read()}" for n in names))[:16]
+
+
 # token types by name, numbered as Python 3.11 numbers them: the numbers differ between Python
 # versions (OP is 54 in 3.11, 55 in 3.12), and a hash of them keyed winners tuned under one Python
 # to that Python only

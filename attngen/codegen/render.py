@@ -10,7 +10,8 @@ import jinja2
 from attngen.codegen import exprgen
 from attngen import env
 from attngen._version import __version__
-from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash, sha256
+from attngen.codegen.hashing import templates_hash
+from attngen.codegen.naming import FAMILY_TEMPLATES, kernel_hash
 from attngen.families import family
 from attngen.spec import IMPLEMENTED_DTYPES, KernelSpec
 
@@ -54,7 +55,7 @@ def family_template_hash(family: str, root: Path | None = None) -> str:
     root = root or env.templates_dir()
     family = _family_template(family)
     names = [family, *sorted(set(_imported(family, Path(root))) - {family})]
-    return sha256("\n".join(f"{n}\n{(root / n).read_text()}" for n in names))[:16]
+    return templates_hash(root, names)
 
 
 def _imported(name: str, root: Path, seen: set | None = None) -> set:

@@ -52,7 +52,7 @@ def built_module_path(spec: KernelSpec) -> Path | None:
 # a module's stamp line naming its family template and the hash of it with its partials
 _TEMPLATE_STAMP = re.compile(r"^# template: +templates/(\S+) \(sha256 ([0-9a-f]+)\)$", re.M)
 # what a template imports or includes (the names Jinja's parser finds: codegen/render.py's
-# _imported, which tests/codegen/test_build.py holds this to)
+# _imported, which tests/runtime/test_stale_build.py holds this to)
 _TEMPLATE_REF = re.compile(r"""\{%-?\s*(?:import|from|include|extends)\s+["']([^"']+)["']""")
 _warned: set[str] = set()
 
@@ -74,9 +74,9 @@ def template_closure(root: str, name: str) -> tuple[str, ...]:
 def current_template_hash(root: str, name: str) -> str:
     """render.family_template_hash of the family whose template is `name`, from the files now in
     `root` (each family's once per process)."""
-    from attngen.codegen.hashing import sha256
+    from attngen.codegen.hashing import templates_hash
 
-    return sha256("\n".join(f"{n}\n{(Path(root) / n).read_text()}" for n in template_closure(root, name)))[:16]
+    return templates_hash(root, template_closure(root, name))
 
 
 def built_from_current_templates(path: Path) -> bool:
