@@ -398,6 +398,13 @@ def main(argv=None) -> int:
                                          dtype=torch.int32 if d.dtype == "int32" else torch.float32) for d in decls}
     if args.sinks:
         extra["Sinks"] = torch.zeros(Hq)
+    from attngen.spec.expr_terms import mask_node, run_params
+
+    node = mask_node(spec)
+    for name in (run_params(node) if node is not None else ()):  # P[q_idx] == P[kv_idx]: its runs
+        from attngen.kernels.expr_buffers import run_bounds
+
+        extra[f"XR_{name}"] = run_bounds(extra[f"XP_{name}"])
     if args.family == "bwd":  # the dQ pass's partial sums of learnable parameters, sinks' exact D
         from attngen.spec.expr_terms import grad_terms
 

@@ -14,6 +14,10 @@ from attngen.spec.expr_terms import key_reach, run_pattern
 
 
 
+def _uses_any(n: Node, names) -> bool:
+    return any(isinstance(m, Var) and m.name in names for m in walk(n))
+
+
 @dataclass
 class Emitter:
     """Triton statements that evaluate expressions on a tile. names: index name -> code (already
@@ -25,6 +29,14 @@ class Emitter:
     prefix: str = "x_"
     lines: list = field(default_factory=list)
     memo: dict = field(default_factory=dict)
+    # index name -> (code of its vector along the tile's one axis, the broadcast suffix), e.g.
+    # q_idx -> ("(rows + diag_offset)", "[:, None]"): a parameter gathered along one index is
+    # loaded as that vector and then broadcast, and integer index arithmetic that meets a float
+    # (ALiBi's slope * |q - k|) is done in float from the vectors converted once (exact below
+    # 2^24: every index, and the differences of two, of sequences up to 8M tokens), instead of
+    # one integer-to-float conversion per score
+    vecs: dict = field(default_factory=dict)
+    fmemo: dict = field(default_factory=dict)
 
     def tmp(self, code: str) -> str:
         name = f"{self.prefix}{len(self.lines)}"
@@ -40,13 +52,76 @@ class Emitter:
         self.memo[n] = code
         return code
 
+    def _gathered(self, n: Sub) -> str | None:
+        """A parameter whose subscripts are one tile index (and constants / scalars): loaded along
+        that index's vector, then broadcast."""
+        along = [i for i in n.idx if isinstance(i, Var) and i.name in self.vecs]
+        if len(along) != 1 or any(_uses_any(i, self.vecs) for i in n.idx if i is not along[0]):
+            return None
+        vec, bcast = self.vecs[along[0].name]
+        codes = [vec if i is along[0] else self.emit(i) for i in n.idx]
+        return f"{self.tmp(self.load(n.param, codes))}{bcast}"
+
+    def _affine(self, n: Node) -> bool:
+        """Integer arithmetic of tile indices that float arithmetic reproduces exactly."""
+        if isinstance(n, Const):
+            return isinstance(n.value, int) and abs(n.value) < 1 << 22
+        if isinstance(n, Var):
+            return n.name in self.vecs
+        if isinstance(n, Bin):
+            return n.op in ("+", "-") and self._affine(n.a) and self._affine(n.b)
+        if isinstance(n, Neg):
+            return self._affine(n.a)
+        if isinstance(n, Call):
+            return n.fn in ("abs", "min", "max") and all(self._affine(a) for a in n.args)
+        return False
+
+    def emit_float(self, n: Node) -> str:
+        """n's value as fp32 code: where n is integer index arithmetic, computed in float from the
+        index vectors (see vecs); else the code of n (Triton converts it where it meets a float)."""
+        if getattr(n, "ty", None) != INT or not self.vecs or not self._affine(n) or isinstance(n, Const):
+            return self.emit(n)
+        if not _uses_any(n, self.vecs):
+            return self.emit(n)
+        if n in self.fmemo:
+            return self.fmemo[n]
+        code = self._emit_f(n)
+        if not isinstance(n, Var):
+            code = self.tmp(code)
+        self.fmemo[n] = code
+        return code
+
+    def _emit_f(self, n: Node) -> str:
+        if isinstance(n, Const):
+            return repr(float(n.value))
+        if isinstance(n, Var):
+            key = ("vec", n.name)
+            if key not in self.fmemo:
+                vec, _ = self.vecs[n.name]
+                self.fmemo[key] = self.tmp(f"({vec}).to(tl.float32)")
+            return f"{self.fmemo[key]}{self.vecs[n.name][1]}"
+        sub = [self.emit_float(a) for a in ((n.a, n.b) if isinstance(n, Bin) else (n.a,) if isinstance(n, Neg) else n.args)]
+        if isinstance(n, Bin):
+            return f"{sub[0]} {n.op} {sub[1]}"
+        if isinstance(n, Neg):
+            return f"-{sub[0]}"
+        if n.fn == "abs":
+            return f"tl.abs({sub[0]})"
+        a, b = sub
+        if isinstance(n.args[0], Const):  # Triton's minimum wants a tensor first
+            a, b = b, a
+        return f"tl.{'minimum' if n.fn == 'min' else 'maximum'}({a}, {b})"
+
     def _emit(self, n: Node) -> str:
         if isinstance(n, Const):
             return repr(n.value)
         if isinstance(n, Var):
             return self.names[n.name]
         if isinstance(n, Sub):
-            return self.load(n.param, [self.emit(i) for i in n.idx])
+            gathered = self._gathered(n) if self.vecs else None
+            return gathered if gathered is not None else self.load(n.param, [self.emit(i) for i in n.idx])
+        if isinstance(n, Bin) and getattr(n, "ty", None) == FLOAT and n.op in ("+", "-", "*"):
+            return f"{self.emit_float(n.a)} {n.op} {self.emit_float(n.b)}"
         if isinstance(n, Bin):
             a, b = self.emit(n.a), self.emit(n.b)
             if n.op == "/":

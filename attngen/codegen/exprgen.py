@@ -12,6 +12,7 @@ attngen.kernels.expr_buffers.run_bounds); learned sinks: Sinks (fp32, one per qu
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from attngen.codegen import exprcode as XC
@@ -85,12 +86,22 @@ def _tile_names(rows: str, cols: str, transposed: bool, decode: bool) -> dict:
             "score": "x_score"}
 
 
+def _tile_vecs(rows: str, cols: str, transposed: bool, decode: bool) -> dict:
+    """The index vectors of a tile (exprcode.Emitter.vecs); none in the decode kernel, whose rows
+    pack several query heads."""
+    if decode:
+        return {}
+    return {"q_idx": (f"({rows} + diag_offset)", "[None, :]" if transposed else "[:, None]"),
+            "kv_idx": (cols, "[:, None]" if transposed else "[None, :]")}
+
+
 def mask_tile(spec: KernelSpec, rows: str, cols: str, transposed: bool = False, decode: bool = False) -> str:
     """Statements leaving the mask expression's tile in `x_keep` (nothing without one)."""
     node = mask_node(spec)
     if node is None:
         return ""
-    em = XC.Emitter(_tile_names(rows, cols, transposed, decode), _load(spec), "xm_")
+    em = XC.Emitter(_tile_names(rows, cols, transposed, decode), _load(spec), "xm_",
+                    vecs=_tile_vecs(rows, cols, transposed, decode))
     out = em.emit(node)
     return "\n".join(em.lines + [f"x_keep = {out}"])
 
@@ -100,7 +111,8 @@ def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: st
     """Statements computing `out` = score_mod(scale * qk) in the log2 domain; with derivative,
     also `<out>_dmod` = d score_mod / d score (none when the modification adds to the score)."""
     node = score_node(spec)
-    em = XC.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_")
+    em = XC.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_",
+                    vecs=_tile_vecs(rows, cols, transposed, False))
     lines = [f"x_score = {qk} * (qk_scale * 0.6931471805599453)"]
     res = em.emit(node)
     tail = [f"{out} = {res} * 1.4426950408889634"]
@@ -110,14 +122,25 @@ def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: st
     return "\n".join(lines + em.lines + tail)
 
 
+def gluon(code: str, on: bool = True) -> str:
+    """A fragment's statements for a Gluon kernel: the same calls from Gluon's language module
+    (its elementwise ops, loads and reductions take the layouts of their operands); on=False
+    leaves the code as it is (a built-in mask's scalar range arithmetic)."""
+    if not on:
+        return code
+    return re.sub(r"\btl\.", "gl.", re.sub(r"\btl\.math\.", "gl.", str(code)))
+
+
 def has_dmod(spec: KernelSpec) -> bool:
     node = score_node(spec)
     return node is not None and not X.is_identity_in_score(node)
 
 
-def _box(row_lo: str, row_hi: str, decode: bool, var: str, col_lo: str = "", col_hi: str = "") -> dict:
+def _box(row_lo: str, row_hi: str, heads: bool, var: str, col_lo: str = "", col_hi: str = "") -> dict:
+    """heads: h spans x_h_lo .. x_h_hi (the query heads a program serves: a decode tile's, or the
+    GQA group the dK/dV pass loops over); else the one head x_h."""
     box = {"b": ("x_b", "x_b"), "seqlen_q": ("seqlen_q", "seqlen_q"), "seqlen_k": ("seqlen_k", "seqlen_k")}
-    box["h"] = ("x_h_lo", "x_h_hi") if decode else ("x_h", "x_h")
+    box["h"] = ("x_h_lo", "x_h_hi") if heads else ("x_h", "x_h")
     if var == "kv_idx":
         box["q_idx"] = (f"({row_lo} + diag_offset)", f"({row_hi} + diag_offset)")
         if col_lo:
@@ -152,11 +175,12 @@ def _stages(lo, hi, flo, fhi, block, extent) -> list[str]:
 
 
 def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
-    """lo, full_lo, full_hi, hi of the dK/dV pass's query-row loop for keys [col_lo, col_hi]."""
+    """lo, full_lo, full_hi, hi of the dK/dV pass's query-row loop for keys [col_lo, col_hi], for
+    every query head of the GQA group x_h_lo .. x_h_hi (the pass loops over them with one range)."""
     node = mask_node(spec)
     if node is None:
         return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_q // BLOCK_M) * BLOCK_M\nhi = seqlen_q"
-    b = XC.Bounds(_box("", "", False, "q_idx", col_lo, col_hi), _load(spec), "xr_")
+    b = XC.Bounds(_box("", "", True, "q_idx", col_lo, col_hi), _load(spec), "xr_")
     r = XC.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
     may, must = r.both(node)
     lo, hi = r.resolve(may)

@@ -17,7 +17,7 @@ from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
                                     programs, roles, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec
-from attngen.spec.expr_terms import key_reach, mask_node
+from attngen.spec.expr_terms import exact_d, grad_terms, key_reach, mask_node
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,17 @@ def ws_backward(spec: KernelSpec) -> bool:
     _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
     softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
     accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
-    per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128)."""
-    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap and not spec.has_expr
+    per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128).
+    Expression kernels (mask and score expressions, sinks) take them too; the dQ pass only where it
+    has no gradients of its own to sum (ws_dq_takes)."""
+    return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
+
+
+def ws_dq_takes(spec: KernelSpec) -> bool:
+    """The Gluon dQ pass computes dQ only: learnable parameters' partial sums and the sinks' exact
+    D (grad_terms, exact_d) stay in the Triton dQ pass."""
+    return not (grad_terms(spec) or exact_d(spec))
 
 
 # hd192 is two column tiles (128 + 64) in this family; the Gluon backward takes one tile per
@@ -132,6 +140,9 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return "consumers: each consumer is one warp group of 64 keys (block_n = 64 x consumers, num_warps = 4)"
         if cfg.block_m != 64:
             return "consumers: block_m (the query rows of one ring slot) is 64"
+    if cfg.dq_consumers and not ws_dq_takes(spec):
+        return ("dq_consumers: the Gluon dQ pass sums no gradients of learnable parameters or sinks "
+                "(the Triton dQ pass does)")
     if cfg.dq_consumers and wide:
         return ("dq_consumers: the Gluon dQ pass holds Q and dO in registers, up to head dim 128 "
                 "(wider ones keep the Triton dQ pass)")
@@ -243,8 +254,13 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
-    if tma:
+    node = mask_node(spec)
+    reach = None if node is None else key_reach(node)
+    short = reach is not None and reach < SHORT_WINDOW
+    if tma and not (spec.has_expr and short):
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
+        if spec.has_expr and not ws_dq_takes(spec):
+            ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks
         if check_bwd(spec, ws) is None:
             return ws
     if tma and spec.has_expr:
@@ -257,9 +273,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
         # (Llama 4's 8192-key chunks: 22.4 with them, 24.4 with 32)
         if d > 128:
             return BwdConfig(32, 128, 8, 2, 64, 64, 4, 2, tma=True, split_dkdv=True)
-        node = mask_node(spec)
-        reach = None if node is None else key_reach(node)
-        if reach is not None and reach < SHORT_WINDOW:
+        if short:
             return BwdConfig(32, 64, 4, 2, 128, 64, 8, 3, tma=True)
     if d <= 128:  # dK/dV and dQ swept separately (h200_sweep_split_2026-11-30.json)
         if spec.mask == "sliding_window" and window is not None and window <= SHORT_WINDOW:

@@ -13,6 +13,8 @@ import triton
 
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
+from attngen.spec import expr as X
+from attngen.spec.expr_terms import mask_node, score_node
 from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec, head_chunks
@@ -81,9 +83,21 @@ def ws_forward(spec: KernelSpec) -> bool:
     calls and packed documents; FwdConfig.consumers): sm90 family, no
     softcapping, the same
     head dim for Q, K and V, one of WS_HEAD_DIMS (192 runs as two column tiles, 128 + 64;
-    softcapping and the other head dims keep the Triton kernels)."""
-    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap and not spec.has_expr
+    softcapping and the other head dims keep the Triton kernels). Expression kernels (mask and
+    score expressions, sinks) take it for dense calls; their packed documents keep the Triton
+    kernels."""
+    return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap
+            and not (spec.has_expr and (spec.varlen or _gathers(spec)))
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
+
+
+def _gathers(spec: KernelSpec) -> bool:
+    """An expression with a parameter subscripted by a tile index (document ids, T5's bias
+    buckets): Triton 3.6's Gluon lowering asserts on those loads in the forward's consumers
+    (ConvertTritonGPUToLLVM: a SmallVector index out of range; the backward's passes compile
+    them), so those keep the Triton TMA forward."""
+    return any(isinstance(m, X.Sub) and any(X.uses(i, "q_idx") or X.uses(i, "kv_idx") for i in m.idx)
+               for node in (mask_node(spec), score_node(spec)) if node is not None for m in X.walk(node))
 
 
 WS_HEAD_DIMS = (64, 128, 192, 256)
@@ -226,6 +240,10 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
+        if spec.score_expr:
+            # a score modification's per-score work on 64 x 128 tiles a consumer spills (ALiBi: 216
+            # bytes, ptxas via attngen.bench.probe); 64-key blocks do not
+            ws = dataclasses.replace(ws, block_n=64)
         # packed documents: one Gluon program per item lost to the Triton kernel (8 causal
         # 1024-token documents, GQA 32/8: 308 vs 347 TFLOP/s; 8 uneven documents 365 vs 399), its
         # one-program-per-SM prologue and epilogue exposed on short documents

@@ -4,7 +4,7 @@ mask_mod / score_mod, forward and forward+backward times (median of do_bench) be
 FlexAttention's on the same tensors, in one process. What the defaults of expression kernels
 (attngen.families.fwd / bwd: `expr` tables) are chosen from.
 
-    python3 benchmarks/tools/expr_config_sweep.py [ROW ...] > sweep.jsonl
+    python3 benchmarks/tools/expr_config_sweep.py [--bwd] [ROW ...] > sweep.jsonl   (--bwd: backward configs only)
 """
 import json
 import sys
@@ -38,7 +38,20 @@ BWD = {
           BwdConfig(64, 64, 8, 2, 128, 64, 8, 2, tma=True, split_dkdv=True),
           BwdConfig(32, 64, 4, 2, 64, 64, 4, 2, tma=True)],
 }
-BWD[64] = BWD[128]
+# the warp-specialized Gluon forward (expressions since 2026-12-06; not where a parameter is
+# subscripted by a tile index: families/fwd.py _gathers)
+FWD[128] += [FwdConfig(128, 64, 4, 2, tma=True, consumers=2), FwdConfig(128, 128, 4, 2, tma=True, consumers=2)]
+FWD[64] += [FwdConfig(128, 64, 4, 2, tma=True, consumers=2), FwdConfig(128, 128, 4, 2, tma=True, consumers=2)]
+FWD[256] += [FwdConfig(128, 64, 4, 2, tma=True, consumers=2)]
+BWD[64] = list(BWD[128])
+# the warp-specialized Gluon passes (expressions since 2026-12-06): both, the dK/dV pass alone, and
+# the split roles (hd256); dq_consumers needs a call without sinks or learnable parameters
+WS = [BwdConfig(64, 128, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2),
+      BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2),
+      BwdConfig(64, 64, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, roles=True, dq_consumers=2)]
+BWD[128] = BWD[128] + WS
+BWD[64] = BWD[64] + WS
+BWD[256] = BWD[256] + [BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)]
 
 
 def _ms(fn, rep=60):
@@ -46,6 +59,8 @@ def _ms(fn, rep=60):
 
 
 def main(names):
+    kinds = ("bwd",) if "--bwd" in names else ("fwd", "bwd")
+    names = [n for n in names if n != "--bwd"]
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     torch._dynamo.config.recompile_limit = 256
@@ -75,6 +90,8 @@ def main(names):
             row["flex_error"] = str(e)[:200]
         ref = call().float()
         for kind_, table, fam in (("fwd", FWD, "fwd"), ("bwd", BWD, "bwd")):
+            if kind_ not in kinds:
+                continue
             res = []
             for cfg in table[D]:
                 api.clear_plans()

@@ -41,18 +41,22 @@ def test_gathered_parameter_tile_test_only_without_a_short_window():
     assert not gathers_along(parse("kv_idx <= q_idx or kv_idx < 3"), "kv_idx")  # an `or`: the forward only
 
 
-def _spec(text, d=128, params=(DOC["doc"],)):
+def _spec(text, d=128, params=(DOC["doc"],), sinks=False):
     return KernelSpec(family="bwd", dtype="bf16", target="sm90", head_dim_qk=d, head_dim_v=d, gqa_ratio=4,
-                      mask="none", mask_expr=text, params=params)
+                      mask="none", mask_expr=text, params=params, sinks=sinks)
 
 
 def test_expression_backward_defaults():
     short = default_bwd_config(_spec("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512 and kv_idx <= q_idx"))
     long = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=()))
     wide = default_bwd_config(_spec("kv_idx <= q_idx or kv_idx < pl[b]", d=256, params=(DOC["pl"],)))
-    assert (short.block_m, short.block_n, short.tma) == (32, 64, True)
-    assert (long.block_m, long.block_n, long.tma) == (64, 64, True)
-    assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
+    sinks = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=(), sinks=True))
+    # a short reach keeps the Triton passes' 32-query steps; longer ones the Gluon passes, the
+    # split roles past hd128, and the Triton dQ pass where the sinks' gradient is summed
+    assert (short.block_m, short.block_n, short.tma, short.consumers) == (32, 64, True, 0)
+    assert (long.block_m, long.block_n, long.consumers, long.dq_consumers) == (64, 128, 2, 2)
+    assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
+    assert (sinks.consumers, sinks.dq_consumers) == (2, 0)
 
 
 def test_explain_says_which_loops_test_tiles():

@@ -1,9 +1,12 @@
 """Expression kernels on the GPU: every case of tests/kernels/test_expr.py (masks, score
 modifications, sinks; odd lengths, GQA, Sq != Sk) against float64 by the flash-attn rule, forward and
 backward, with each target's family forced (sm80's pointer kernels, sm90's module), bitwise
-reproducible gradients, and the decode kernels' expressions on dense and paged caches."""
+reproducible gradients, the decode kernels' expressions on dense and paged caches, and the
+warp-specialized Gluon backward with expressions forced (each pass checked to be the one that ran)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -32,3 +35,48 @@ def test_gpu_expression_gradients_deterministic(name):
 @pytest.mark.parametrize("name", DECODE_CASES)
 def test_gpu_expression_decode(name, paged):
     decode_case(name, paged, device="cuda")
+
+
+# The warp-specialized Gluon kernels with expressions, forced: the forward with two consumers
+# (except where an expression subscripts a parameter by a tile index: families/fwd.py, _gathers);
+# the dK/dV pass with two consumers over 128 keys, or with split roles over 64 (its P^T hand-off
+# carries a score modification's derivative); the Gluon dQ pass where the call has no parameter
+# or sinks gradient to sum (families/bwd.py: ws_dq_takes), else the Triton dQ pass beside it.
+GATHERS = {"documents_sorted", "document_ids", "documents_unsorted", "t5_bias"}
+WS_PATHS = {"ws": dict(block_n=128), "ws_roles": dict(block_n=64, roles=True)}
+WS_SHAPES = {64: (2, 6, 2, 203, 1023), 128: (1, 4, 2, 1023, 1023), 256: (1, 4, 2, 203, 1023)}
+
+
+def _ws_run(name: str, path: str, hd: int):
+    from attngen.families.bwd import BwdConfig
+    from attngen.families.fwd import FwdConfig
+    from attngen.runtime import api, dispatch
+
+    api.clear_plans()
+    B, Hq, Hkv, Sq, Sk = WS_SHAPES[hd]
+    cfg = BwdConfig(64, 64, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2)
+    cfg = dataclasses.replace(cfg, **WS_PATHS[path])
+    sinks = CASES[name][2]
+    if sinks is not None or hd > 128:  # sinks are learned (the cases' captured tensors are constants)
+        cfg = dataclasses.replace(cfg, dq_consumers=0)
+    fwd = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
+    forced = {"bwd": cfg} if name in GATHERS else {"bwd": cfg, "fwd": fwd}
+    with dispatch.forced_config(**forced):
+        _run(name, torch.bfloat16, B, Hq, Hkv, Sq, Sk, hd, seed=17, target="sm90", device="cuda")
+    launched = {n for kind in api.launched().values() for n, _ in kind}
+    assert ("_attn_fwd_ws" in launched) == (name not in GATHERS), launched
+    assert "_attn_bwd_dkdv_ws" in launched, launched
+    assert ("_attn_bwd_dq_ws" in launched) == bool(cfg.dq_consumers), launched
+
+
+@pytest.mark.parametrize("path", sorted(WS_PATHS))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_gpu_expression_ws_backward(name, path):
+    _ws_run(name, path, 64)
+
+
+@pytest.mark.parametrize("name, path, hd", [("alibi_causal", "ws", 128), ("documents_sorted", "ws", 128),
+                                            ("head_mask", "ws", 128), ("softcap_expr", "ws_roles", 128),
+                                            ("prefix_lm", "ws_roles", 256), ("alibi_causal", "ws_roles", 256)])
+def test_gpu_expression_ws_backward_widths(name, path, hd):
+    _ws_run(name, path, hd)

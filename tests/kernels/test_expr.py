@@ -92,6 +92,9 @@ def cases(device="cpu") -> dict:
         "t5_bias": (None, lambda s, b, h, q, k: s + t5[h, t5_bucket(k - q)], None, False),
         "softcap_expr": (None, lambda s, b, h, q, k: 30.0 * torch.tanh(s / 30.0), None, True),
         "sinks_causal": (None, None, SINKS, True),
+        # a mask that differs between the query heads of one KV head's group (GQA 3:1 here): the
+        # dK/dV pass's query range holds for every head it loops over
+        "head_mask": (lambda b, h, q, k: (k <= q) | (h == 1), None, None, False),
     }
 
 
