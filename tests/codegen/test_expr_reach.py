@@ -1,6 +1,8 @@
 """How far a mask expression lets a query reach back (key_reach), and the two choices made from
 it: the forward's per-tile test of a parameter gathered along the keys (only where no short
 window bounds the key range already) and the backward's dK/dV tiles of expression kernels."""
+import dataclasses
+
 import pytest
 
 from attngen.codegen.exprcode import gathers_along, needs_tile_skip
@@ -47,16 +49,36 @@ def _spec(text, d=128, params=(DOC["doc"],), sinks=False):
 
 
 def test_expression_backward_defaults():
+    from attngen.families import bwd as bwd_mod
+
     short = default_bwd_config(_spec("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512 and kv_idx <= q_idx"))
     long = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=()))
     wide = default_bwd_config(_spec("kv_idx <= q_idx or kv_idx < pl[b]", d=256, params=(DOC["pl"],)))
     sinks = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=(), sinks=True))
-    # a short reach keeps the Triton passes' 32-query steps; longer ones the Gluon passes, the
-    # split roles past hd128, and the Triton dQ pass where the sinks' gradient is summed
     assert (short.block_m, short.block_n, short.tma, short.consumers) == (32, 64, True, 0)
-    assert (long.block_m, long.block_n, long.consumers, long.dq_consumers) == (64, 128, 2, 2)
-    assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
-    assert (sinks.consumers, sinks.dq_consumers) == (2, 0)
+    if bwd_mod.WS_EXPR_DEFAULT:
+        # longer reaches: the Gluon passes, the split roles past hd128, and the Triton dQ pass
+        # where the sinks' gradient is summed
+        assert (long.block_m, long.block_n, long.consumers, long.dq_consumers) == (64, 128, 2, 2)
+        assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
+        assert (sinks.consumers, sinks.dq_consumers) == (2, 0)
+    else:
+        assert (long.block_m, long.block_n, long.tma, long.consumers) == (64, 64, True, 0)
+        assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
+        assert sinks.consumers == 0
+
+
+def test_gluon_expression_configs_are_valid():
+    """Whatever the defaults, the Gluon passes take expression kernels where the tuner may pick
+    them: both passes without parameter gradients, the dK/dV pass alone with sinks."""
+    from attngen.configs import check_bwd
+    from attngen.families.bwd import WS_BWD_DEFAULT
+
+    plain = _spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=())
+    sinks = _spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=(), sinks=True)
+    assert check_bwd(plain, WS_BWD_DEFAULT) is None
+    assert "dq_consumers" in check_bwd(sinks, WS_BWD_DEFAULT)
+    assert check_bwd(sinks, dataclasses.replace(WS_BWD_DEFAULT, dq_consumers=0, dq_num_warps=8)) is None
 
 
 def test_explain_says_which_loops_test_tiles():
