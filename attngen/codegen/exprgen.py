@@ -141,13 +141,19 @@ def _box(row_lo: str, row_hi: str, heads: bool, var: str, col_lo: str = "", col_
     GQA group the dK/dV pass loops over); else the one head x_h."""
     box = {"b": ("x_b", "x_b"), "seqlen_q": ("seqlen_q", "seqlen_q"), "seqlen_k": ("seqlen_k", "seqlen_k")}
     box["h"] = ("x_h_lo", "x_h_hi") if heads else ("x_h", "x_h")
+    # bounds are code that the Bounds builder negates and combines: each one parenthesized (a
+    # caller's "kc + CN - 1" negated bare was -kc + CN - 1)
     if var == "kv_idx":
         box["q_idx"] = (f"({row_lo} + diag_offset)", f"({row_hi} + diag_offset)")
         if col_lo:
-            box["kv_idx"] = (col_lo, col_hi)
+            box["kv_idx"] = (_paren(col_lo), _paren(col_hi))
     else:
-        box["kv_idx"] = (col_lo, col_hi)
+        box["kv_idx"] = (_paren(col_lo), _paren(col_hi))
     return box
+
+
+def _paren(code: str) -> str:
+    return code if code.isidentifier() else f"({code})"
 
 
 def key_range(spec: KernelSpec, row_lo: str, row_hi: str, decode: bool = False) -> str:

@@ -244,10 +244,15 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
-# Expression kernels' defaults on the Gluon passes: off until their GPU correctness run
-# (tests/gpu/test_gpu_expr.py -k ws) has passed; they compile for sm90 on the CPU and are reached
-# by forced configs and the tuner (which checks every config against float64) meanwhile
-WS_EXPR_DEFAULT = False
+# Expression kernels' defaults on the Gluon passes (forward and backward; short reaches keep the
+# Triton backward's 32-query steps). H100, forward+backward ms beside the Triton defaults, one
+# process (benchmarks/ab/h100_ab_expr_gluon_2026-12-06.jsonl, benchmarks/tools/expr_config_sweep.py):
+# ALiBi causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the forward alone 1.25 -> 1.18 (Flex 1.59);
+# eight documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98). Off (False) keeps the Triton kernels.
+WS_EXPR_DEFAULT = True
+# head dims whose expression kernels default to the Gluon kernels: those the GPU grid has passed
+# (hd64 and hd128; hd256's forced runs not yet made)
+WS_EXPR_MAX_HD = 128
 
 
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int | None = None) -> BwdConfig:
@@ -261,7 +266,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     node = mask_node(spec)
     reach = None if node is None else key_reach(node)
     short = reach is not None and reach < SHORT_WINDOW
-    if tma and not (spec.has_expr and (short or not WS_EXPR_DEFAULT)):
+    if tma and not (spec.has_expr and (short or not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD)):
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if spec.has_expr and not ws_dq_takes(spec):
             ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks

@@ -14,7 +14,7 @@ import triton
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
 from attngen.spec import expr as X
-from attngen.families.bwd import WS_EXPR_DEFAULT
+from attngen.families.bwd import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD
 from attngen.spec.expr_terms import mask_node, score_node
 from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
@@ -241,7 +241,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
-        if spec.has_expr and not WS_EXPR_DEFAULT:  # the Triton forward (see families/bwd.py)
+        if spec.has_expr and (not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD):  # see families/bwd.py
             return _sm90_fwd_default(d, spec.varlen)
         if spec.score_expr:
             # a score modification's per-score work on 64 x 128 tiles a consumer spills (ALiBi: 216

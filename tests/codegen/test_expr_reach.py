@@ -60,7 +60,10 @@ def test_expression_backward_defaults():
         # longer reaches: the Gluon passes, the split roles past hd128, and the Triton dQ pass
         # where the sinks' gradient is summed
         assert (long.block_m, long.block_n, long.consumers, long.dq_consumers) == (64, 128, 2, 2)
-        assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
+        if bwd_mod.WS_EXPR_MAX_HD >= 256:
+            assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
+        else:
+            assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
         assert (sinks.consumers, sinks.dq_consumers) == (2, 0)
     else:
         assert (long.block_m, long.block_n, long.tma, long.consumers) == (64, 64, True, 0)
@@ -132,3 +135,47 @@ def test_tuner_makes_sorted_ids_and_their_runs():
     ids = t["XP_doc"]
     assert ids.dtype == torch.int32 and bool((ids[1:] >= ids[:-1]).all()) and int(ids.max()) > 0
     assert torch.equal(t["XR_doc"], run_bounds(ids)) and set(expr_tuning.extra(t)) == {"XP_doc", "XR_doc"}
+
+
+class _Scalar:
+    """The scalar calls of the range fragments, on Python ints (tl / gl alike)."""
+
+    @staticmethod
+    def where(c, a, b):
+        return a if c else b
+
+    maximum = staticmethod(max)
+    minimum = staticmethod(min)
+
+    @staticmethod
+    def cdiv(a, b):
+        return -(-a // b)
+
+
+@pytest.mark.parametrize("text", ["(kv_idx <= q_idx) and ((kv_idx < 4) or (q_idx - kv_idx < 24))",
+                                  "(kv_idx <= q_idx) and (q_idx // 32 == kv_idx // 32)",
+                                  "q_idx - kv_idx < 40 and kv_idx - q_idx < 9"])
+def test_query_ranges_hold_every_kept_pair(text):
+    """The dK/dV pass's query range of a key block, given as code that is not one name (the
+    Gluon consumer's "kc + CN - 1"), evaluated on ints: every query row that keeps a key of the
+    block lies in [lo, hi), and every row in [full_lo, full_hi) keeps them all (the negated bound
+    was once written bare: -kc + CN - 1)."""
+    from attngen.codegen import exprgen as xg
+
+    spec = KernelSpec(family="bwd", dtype="bf16", target="sm90", head_dim_qk=64, head_dim_v=64, gqa_ratio=1,
+                      mask="none", mask_expr=text)
+    code = xg.gluon(xg.query_range(spec, "kc", "kc + CN - 1"))
+    keep = eval("lambda q_idx, kv_idx: " + text)  # noqa: S307 -- the test's own literal
+    sq, sk, cn, bm = 203, 1023, 64, 32
+    diag = sk - sq
+    for kc in range(0, sk, cn):
+        env = {"gl": _Scalar, "kc": kc, "CN": cn, "BLOCK_M": bm, "seqlen_q": sq, "diag_offset": diag,
+               "x_h_lo": 0, "x_h_hi": 0, "x_b": 0}
+        exec(code, env)  # noqa: S102
+        keys = range(kc, min(kc + cn, sk))
+        for r in range(sq):
+            kept = [keep(r + diag, k) for k in keys]
+            if any(kept):
+                assert env["lo"] <= r < env["hi"], (text, kc, r, env["lo"], env["hi"])
+            if env["full_lo"] <= r < env["full_hi"]:
+                assert all(kept) and len(kept) == cn, (text, kc, r)

@@ -59,6 +59,8 @@ def _ws_run(name: str, path: str, hd: int):
     sinks = CASES[name][2]
     if sinks is not None or hd > 128:  # sinks are learned (the cases' captured tensors are constants)
         cfg = dataclasses.replace(cfg, dq_consumers=0)
+    if hd > 128:  # the Triton dQ pass's tiles that fit hd256 (WS_BWD_ROLES')
+        cfg = dataclasses.replace(cfg, dq_block_m=64, dq_block_n=64, dq_num_warps=4, dq_num_stages=2)
     fwd = FwdConfig(128, 64, 4, 2, tma=True, consumers=2)
     forced = {"bwd": cfg} if name in GATHERS else {"bwd": cfg, "fwd": fwd}
     with dispatch.forced_config(**forced):

@@ -4,7 +4,7 @@
 # template: templates/attn_bwd.py.jinja (sha256 3e6592bd89c1216d)
 # spec:     specs/llama4_scout.yaml#llama4_scout_chunked (sha256 311ffcc590f843aa)
 # kernel:   dict(family='bwd', dtype='bf16', target='sm90', head_dim_qk=128, head_dim_v=128, gqa_ratio=5, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) and ((q_idx // 8192) == (kv_idx // 8192)))', score_expr='', params=(), sinks=False)
-# hash:     342db5bac52c3b94 (of this module without its stamp; tuned configs are keyed by it)
+# hash:     05317861ece9df43 (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 from triton.experimental import gluon
@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 URI = "attn_bwd_bf16_hd128_gqa5_full_x17d9a0d5_sm90"
 FAMILY = "bwd"
-KERNEL_HASH = "342db5bac52c3b94"
+KERNEL_HASH = "05317861ece9df43"
 KERNEL_SPEC = dict(family='bwd', dtype='bf16', target='sm90', head_dim_qk=128, head_dim_v=128, gqa_ratio=5, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) and ((q_idx // 8192) == (kv_idx // 8192)))', score_expr='', params=(), sinks=False)
 HEAD_DIM_QK = 128
 HEAD_DIM_V = 128
@@ -749,13 +749,13 @@ def _attn_bwd_ws_consume(a, WG: gl.constexpr, GQA: gl.constexpr, BLOCK_M: gl.con
     x_h_lo = off_hkv * GQA
     x_h_hi = x_h_lo + (GQA - 1)
     xr_0 = gl.where(kc < 0, -((-kc + 8191) // 8192), kc // 8192)
-    xr_1 = gl.where(kc + CN - 1 < 0, -((-kc + CN - 1 + 8191) // 8192), kc + CN - 1 // 8192)
+    xr_1 = gl.where((kc + CN - 1) < 0, -((-(kc + CN - 1) + 8191) // 8192), (kc + CN - 1) // 8192)
     xr_2 = xr_0 * 8192
     xr_3 = (xr_1 + 1) * 8192
     xr_4 = xr_1 * 8192
     xr_5 = (xr_0 + 1) * 8192
     xr_6 = gl.maximum(kc, xr_2)
-    xr_7 = gl.maximum(kc + CN - 1, xr_4)
+    xr_7 = gl.maximum((kc + CN - 1), xr_4)
     xr_8 = gl.maximum(xr_6, diag_offset)
     xr_9 = gl.minimum(xr_3, (seqlen_q + diag_offset))
     xr_10 = gl.maximum(xr_7, diag_offset)
@@ -869,13 +869,13 @@ def _attn_bwd_ws_consume_role(a, ROLE: gl.constexpr, GQA: gl.constexpr, BLOCK_M:
     x_h_lo = off_hkv * GQA
     x_h_hi = x_h_lo + (GQA - 1)
     xr_0 = gl.where(start_n < 0, -((-start_n + 8191) // 8192), start_n // 8192)
-    xr_1 = gl.where(start_n + BLOCK_N - 1 < 0, -((-start_n + BLOCK_N - 1 + 8191) // 8192), start_n + BLOCK_N - 1 // 8192)
+    xr_1 = gl.where((start_n + BLOCK_N - 1) < 0, -((-(start_n + BLOCK_N - 1) + 8191) // 8192), (start_n + BLOCK_N - 1) // 8192)
     xr_2 = xr_0 * 8192
     xr_3 = (xr_1 + 1) * 8192
     xr_4 = xr_1 * 8192
     xr_5 = (xr_0 + 1) * 8192
     xr_6 = gl.maximum(start_n, xr_2)
-    xr_7 = gl.maximum(start_n + BLOCK_N - 1, xr_4)
+    xr_7 = gl.maximum((start_n + BLOCK_N - 1), xr_4)
     xr_8 = gl.maximum(xr_6, diag_offset)
     xr_9 = gl.minimum(xr_3, (seqlen_q + diag_offset))
     xr_10 = gl.maximum(xr_7, diag_offset)
@@ -1006,13 +1006,13 @@ def _attn_bwd_dkdv_ws(
     x_h_lo = off_hkv * GQA
     x_h_hi = x_h_lo + (GQA - 1)
     xr_0 = gl.where(start_n < 0, -((-start_n + 8191) // 8192), start_n // 8192)
-    xr_1 = gl.where(start_n + BLOCK_N - 1 < 0, -((-start_n + BLOCK_N - 1 + 8191) // 8192), start_n + BLOCK_N - 1 // 8192)
+    xr_1 = gl.where((start_n + BLOCK_N - 1) < 0, -((-(start_n + BLOCK_N - 1) + 8191) // 8192), (start_n + BLOCK_N - 1) // 8192)
     xr_2 = xr_0 * 8192
     xr_3 = (xr_1 + 1) * 8192
     xr_4 = xr_1 * 8192
     xr_5 = (xr_0 + 1) * 8192
     xr_6 = gl.maximum(start_n, xr_2)
-    xr_7 = gl.maximum(start_n + BLOCK_N - 1, xr_4)
+    xr_7 = gl.maximum((start_n + BLOCK_N - 1), xr_4)
     xr_8 = gl.maximum(xr_6, diag_offset)
     xr_9 = gl.minimum(xr_3, (seqlen_q + diag_offset))
     xr_10 = gl.maximum(xr_7, diag_offset)

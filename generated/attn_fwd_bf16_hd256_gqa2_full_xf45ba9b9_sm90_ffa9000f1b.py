@@ -4,7 +4,7 @@
 # template: templates/attn_fwd.py.jinja (sha256 3e2fbbfeb5b3502d)
 # spec:     specs/gemma3_prefix_lm.yaml#gemma3_4b_prefix_lm (sha256 474c3920024cec36)
 # kernel:   dict(family='fwd', dtype='bf16', target='sm90', head_dim_qk=256, head_dim_v=256, gqa_ratio=2, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) or (kv_idx < prefix_len[b]))', score_expr='', params=(('prefix_len', ('b',), 'int32', False),), sinks=False)
-# hash:     745374c4bed7a4d1 (of this module without its stamp; tuned configs are keyed by it)
+# hash:     b28413e4fb576e0b (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 from triton.experimental import gluon
@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 URI = "attn_fwd_bf16_hd256_gqa2_full_xf45ba9b9_sm90"
 FAMILY = "fwd"
-KERNEL_HASH = "745374c4bed7a4d1"
+KERNEL_HASH = "b28413e4fb576e0b"
 KERNEL_SPEC = dict(family='fwd', dtype='bf16', target='sm90', head_dim_qk=256, head_dim_v=256, gqa_ratio=2, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) or (kv_idx < prefix_len[b]))', score_expr='', params=(('prefix_len', ('b',), 'int32', False),), sinks=False)
 HEAD_DIM_QK = 256
 HEAD_DIM_V = 256
@@ -44,10 +44,10 @@ def _attn_fwd_inner(
         x_live = True
         if MASKED:
             xt_0 = start_n <= (x_rhi + diag_offset)
-            xt_1 = (start_n + BLOCK_N - 1) <= (x_rlo + diag_offset)
+            xt_1 = ((start_n + BLOCK_N - 1)) <= (x_rlo + diag_offset)
             xt_2 = tl.load(XP_prefix_len + tl.minimum(tl.maximum(x_b, 0), xp_prefix_len_n0 - 1) * xp_prefix_len_s0)
             xt_3 = start_n < xt_2
-            xt_4 = (start_n + BLOCK_N - 1) < xt_2
+            xt_4 = ((start_n + BLOCK_N - 1)) < xt_2
             xt_5 = xt_0 | xt_3
             xt_6 = xt_1 | xt_4
             x_live = xt_5
@@ -209,10 +209,10 @@ def _attn_fwd_tma_inner(
         x_live = True
         if MASKED and not WARP_SPEC:
             xt_0 = start_n <= (x_rhi + diag_offset)
-            xt_1 = (start_n + BLOCK_N - 1) <= (x_rlo + diag_offset)
+            xt_1 = ((start_n + BLOCK_N - 1)) <= (x_rlo + diag_offset)
             xt_2 = tl.load(XP_prefix_len + tl.minimum(tl.maximum(x_b, 0), xp_prefix_len_n0 - 1) * xp_prefix_len_s0)
             xt_3 = start_n < xt_2
-            xt_4 = (start_n + BLOCK_N - 1) < xt_2
+            xt_4 = ((start_n + BLOCK_N - 1)) < xt_2
             xt_5 = xt_0 | xt_3
             xt_6 = xt_1 | xt_4
             x_live = xt_5

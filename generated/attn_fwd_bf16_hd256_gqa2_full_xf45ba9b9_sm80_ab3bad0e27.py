@@ -4,13 +4,13 @@
 # template: templates/attn_fwd.py.jinja (sha256 3e2fbbfeb5b3502d)
 # spec:     specs/gemma3_prefix_lm.yaml#gemma3_4b_prefix_lm (sha256 474c3920024cec36)
 # kernel:   dict(family='fwd', dtype='bf16', target='sm80', head_dim_qk=256, head_dim_v=256, gqa_ratio=2, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) or (kv_idx < prefix_len[b]))', score_expr='', params=(('prefix_len', ('b',), 'int32', False),), sinks=False)
-# hash:     34efa6e595636e75 (of this module without its stamp; tuned configs are keyed by it)
+# hash:     4d4b54331ffbd678 (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 
 URI = "attn_fwd_bf16_hd256_gqa2_full_xf45ba9b9_sm80"
 FAMILY = "fwd"
-KERNEL_HASH = "34efa6e595636e75"
+KERNEL_HASH = "4d4b54331ffbd678"
 KERNEL_SPEC = dict(family='fwd', dtype='bf16', target='sm80', head_dim_qk=256, head_dim_v=256, gqa_ratio=2, mask='none', softcap=False, varlen=False, mask_expr='((kv_idx <= q_idx) or (kv_idx < prefix_len[b]))', score_expr='', params=(('prefix_len', ('b',), 'int32', False),), sinks=False)
 HEAD_DIM_QK = 256
 HEAD_DIM_V = 256
@@ -40,10 +40,10 @@ def _attn_fwd_inner(
         x_live = True
         if MASKED:
             xt_0 = start_n <= (x_rhi + diag_offset)
-            xt_1 = (start_n + BLOCK_N - 1) <= (x_rlo + diag_offset)
+            xt_1 = ((start_n + BLOCK_N - 1)) <= (x_rlo + diag_offset)
             xt_2 = tl.load(XP_prefix_len + tl.minimum(tl.maximum(x_b, 0), xp_prefix_len_n0 - 1) * xp_prefix_len_s0)
             xt_3 = start_n < xt_2
-            xt_4 = (start_n + BLOCK_N - 1) < xt_2
+            xt_4 = ((start_n + BLOCK_N - 1)) < xt_2
             xt_5 = xt_0 | xt_3
             xt_6 = xt_1 | xt_4
             x_live = xt_5
