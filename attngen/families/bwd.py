@@ -250,8 +250,8 @@ SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's sho
 # ALiBi causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the forward alone 1.25 -> 1.18 (Flex 1.59);
 # eight documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98). Off (False) keeps the Triton kernels.
 WS_EXPR_DEFAULT = True
-# head dims whose expression kernels default to the Gluon kernels: those the GPU grid has passed
-# (hd64 and hd128; hd256's forced runs not yet made)
+# head dims whose expression kernels default to the Gluon kernels: those measured (hd64, hd128;
+# hd256's forced GPU runs pass, its speed with expressions is not measured)
 WS_EXPR_MAX_HD = 128
 
 

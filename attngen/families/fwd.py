@@ -14,8 +14,8 @@ import triton
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
 from attngen.spec import expr as X
-from attngen.families.bwd import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD
-from attngen.spec.expr_terms import mask_node, score_node
+from attngen.families.bwd import SHORT_WINDOW, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD
+from attngen.spec.expr_terms import key_reach, mask_node, score_node
 from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec, head_chunks
@@ -90,6 +90,16 @@ def ws_forward(spec: KernelSpec) -> bool:
     return (spec.family == "fwd" and spec.target == "sm90" and not spec.softcap
             and not (spec.has_expr and (spec.varlen or _gathers(spec)))
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_HEAD_DIMS)
+
+
+def _short_reach(spec: KernelSpec) -> bool:
+    """A mask expression keeping each query's keys within SHORT_WINDOW, or the built-in window
+    with expressions or sinks beside it (its width is a call's value; gpt-oss's is 128)."""
+    if spec.mask == "sliding_window":
+        return True
+    node = mask_node(spec)
+    reach = None if node is None else key_reach(node)
+    return reach is not None and reach < SHORT_WINDOW
 
 
 def _gathers(spec: KernelSpec) -> bool:
@@ -241,7 +251,10 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
         return FwdConfig(64, 64, 4, 1)
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
-        if spec.has_expr and (not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD):  # see families/bwd.py
+        if spec.has_expr and (not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD or _short_reach(spec)):
+            # see families/bwd.py; a mask of short reach (gpt-oss's 128-key window with sinks, hd64)
+            # ran 3.66x Flex on the Triton forward and 2.12x on the Gluon one (H100,
+            # benchmarks/results/h100_bench_mods_gluon_2026-12-06.json)
             return _sm90_fwd_default(d, spec.varlen)
         if spec.score_expr:
             # a score modification's per-score work on 64 x 128 tiles a consumer spills (ALiBi: 216
