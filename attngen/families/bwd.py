@@ -255,6 +255,13 @@ WS_EXPR_DEFAULT = True
 WS_EXPR_MAX_HD = 128
 
 
+def expr_short_reach(spec: KernelSpec) -> bool:
+    """A mask expression that keeps each query's keys within SHORT_WINDOW (key_reach)."""
+    node = mask_node(spec)
+    reach = None if node is None else key_reach(node)
+    return reach is not None and reach < SHORT_WINDOW
+
+
 def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int | None = None) -> BwdConfig:
     """The backward's config: the Gluon passes where they exist (sm90), else the Triton passes'
     tables. `window`: the keys one query sees at most under a sliding-window mask (None: not
@@ -263,9 +270,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     if device_kind == "cpu":
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
-    node = mask_node(spec)
-    reach = None if node is None else key_reach(node)
-    short = reach is not None and reach < SHORT_WINDOW
+    short = expr_short_reach(spec)
     if tma and not (spec.has_expr and (short or not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD)):
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if spec.has_expr and not ws_dq_takes(spec):

@@ -14,8 +14,8 @@ import triton
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
 from attngen.spec import expr as X
-from attngen.families.bwd import SHORT_WINDOW, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD
-from attngen.spec.expr_terms import key_reach, mask_node, score_node
+from attngen.families.bwd import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, expr_short_reach
+from attngen.spec.expr_terms import mask_node, score_node
 from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
 from attngen.spec import KernelSpec, head_chunks
@@ -95,11 +95,7 @@ def ws_forward(spec: KernelSpec) -> bool:
 def _short_reach(spec: KernelSpec) -> bool:
     """A mask expression keeping each query's keys within SHORT_WINDOW, or the built-in window
     with expressions or sinks beside it (its width is a call's value; gpt-oss's is 128)."""
-    if spec.mask == "sliding_window":
-        return True
-    node = mask_node(spec)
-    reach = None if node is None else key_reach(node)
-    return reach is not None and reach < SHORT_WINDOW
+    return spec.mask == "sliding_window" or expr_short_reach(spec)
 
 
 def _gathers(spec: KernelSpec) -> bool:
