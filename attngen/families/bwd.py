@@ -65,13 +65,14 @@ class BwdConfig:
 
 def ws_backward(spec: KernelSpec) -> bool:
     """The backward gets the warp-specialized Gluon passes (templates/_bwd_ws_dkdv.py.jinja and
-    _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents, no
+    _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents (without expressions), no
     softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
     accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
     per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128).
-    Expression kernels (mask and score expressions, sinks) take them too; the dQ pass only where it
-    has no gradients of its own to sum (ws_dq_takes)."""
+    Expression kernels (mask and score expressions, sinks) of dense calls take them too; the dQ
+    pass only where it has no gradients of its own to sum (ws_dq_takes)."""
     return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
+            and not (spec.has_expr and spec.varlen)  # packed documents with expressions: not yet run on a GPU
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
 
 
