@@ -65,14 +65,13 @@ class BwdConfig:
 
 def ws_backward(spec: KernelSpec) -> bool:
     """The backward gets the warp-specialized Gluon passes (templates/_bwd_ws_dkdv.py.jinja and
-    _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed documents (without expressions), no
-    softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
+    _bwd_ws_dq.py.jinja, BwdConfig.consumers / dq_consumers): sm90 family, dense calls and packed
+    documents, no softcapping, the same head dim for Q, K and V, one of WS_BWD_HEAD_DIMS (its dK and dV
     accumulators live in the consumers' registers: 64 keys x the head dim, twice up to hd128, once
     per consumer past it, BwdConfig.roles; the dQ pass holds Q and dO in registers, up to hd128).
-    Expression kernels (mask and score expressions, sinks) of dense calls take them too; the dQ
+    Expression kernels (mask and score expressions, sinks) take them too; the dQ
     pass only where it has no gradients of its own to sum (ws_dq_takes)."""
     return (spec.family == "bwd" and spec.target == "sm90" and not spec.softcap
-            and not (spec.has_expr and spec.varlen)  # packed documents with expressions: not yet run on a GPU
             and spec.head_dim_qk == spec.head_dim_v and spec.head_dim_qk in WS_BWD_HEAD_DIMS)
 
 
@@ -245,14 +244,18 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
-# Expression kernels' defaults on the Gluon passes (forward and backward; short reaches keep the
-# Triton backward's 32-query steps). H100, forward+backward ms beside the Triton defaults, one
-# process (benchmarks/ab/h100_ab_expr_gluon_2026-12-06.jsonl, benchmarks/tools/expr_config_sweep.py):
-# ALiBi causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the forward alone 1.25 -> 1.18 (Flex 1.59);
-# eight documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98). Off (False) keeps the Triton kernels.
+# Expression kernels' defaults on the Gluon passes. H100, forward+backward ms beside the Triton
+# defaults, one process (benchmarks/ab/h100_ab_expr_gluon_2026-12-06.jsonl,
+# benchmarks/tools/expr_config_sweep.py): ALiBi causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the
+# forward alone 1.25 -> 1.18 (Flex 1.59); eight documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98).
+# The backward's sweep (benchmarks/ab/h100_ab_expr_bwd_sweep_2026-12-06.jsonl): short reaches
+# too, document ids + 512-key window 0.997 (Triton, 32-query steps) -> 0.825 (Flex 1.035), and
+# hd256 with split roles, prefix-LM 10.02 (split Triton passes) -> 6.62 (Flex 12.23). Off (False)
+# keeps the Triton kernels.
 WS_EXPR_DEFAULT = True
-# head dims whose expression kernels default to the Gluon kernels: those measured (hd64, hd128;
-# hd256's forced GPU runs pass, its speed with expressions is not measured)
+# head dims whose expression kernels default to the Gluon forward: those measured (hd64, hd128;
+# hd256's forced GPU runs pass, its forward's speed with expressions is not measured). The
+# backward takes every head dim of WS_BWD_HEAD_DIMS
 WS_EXPR_MAX_HD = 128
 
 
@@ -272,14 +275,15 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
         return BwdConfig(32, 64, 4, 1, 64, 32, 4, 1)
     tma = spec.target == "sm90"
     short = expr_short_reach(spec)
-    if tma and not (spec.has_expr and (short or not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD)):
+    if tma and not (spec.has_expr and not WS_EXPR_DEFAULT):
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if spec.has_expr and not ws_dq_takes(spec):
             ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks
         if check_bwd(spec, ws) is None:
             return ws
     if tma and spec.has_expr:
-        # expression kernels (no Gluon passes). H100, forward+backward ms, the default below ->
+        # expression kernels where the Gluon passes do not take the call (softcapping, hd192,
+        # WS_EXPR_DEFAULT off). H100, forward+backward ms, the default below ->
         # these (benchmarks/ab/h100_ab_expr_config_sweep_2026-12-06.jsonl, then
         # h100_bench_mods_exprdefaults_2026-12-06.json): hd256 prefix-LM, split passes with
         # 128-key blocks, 10.92 -> 9.96; hd <= 128 with a mask that keeps each query's keys within

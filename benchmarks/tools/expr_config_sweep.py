@@ -93,6 +93,13 @@ def main(names):
             if kind_ not in kinds:
                 continue
             res = []
+            api.clear_plans()  # the default first: what the runtime picks for this call
+            with (torch.no_grad() if kind_ == "fwd" else torch.enable_grad()):
+                ms = _ms(call if kind_ == "fwd" else both(call))
+            ex = attngen.explain(q, k, v, mask_mod=mask_mod, score_mod=score_mod, sinks=sinks)
+            dflt = ex["config"] if kind_ == "fwd" else (ex.get("backward") or {}).get("config")
+            res.append({"cfg": "default", "default_cfg": dflt, "ms": round(ms, 4)})
+            print(json.dumps({"row": name, kind_: res[-1]}), flush=True)
             for cfg in table[D]:
                 api.clear_plans()
                 try:

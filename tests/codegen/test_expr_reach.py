@@ -55,17 +55,20 @@ def test_expression_backward_defaults():
     long = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=()))
     wide = default_bwd_config(_spec("kv_idx <= q_idx or kv_idx < pl[b]", d=256, params=(DOC["pl"],)))
     sinks = default_bwd_config(_spec("kv_idx <= q_idx and q_idx // 8192 == kv_idx // 8192", params=(), sinks=True))
-    assert (short.block_m, short.block_n, short.tma, short.consumers) == (32, 64, True, 0)
     if bwd_mod.WS_EXPR_DEFAULT:
-        # longer reaches: the Gluon passes, the split roles past hd128, and the Triton dQ pass
-        # where the sinks' gradient is summed
+        # the Gluon passes, short reaches and long, the split roles past hd128, and the Triton dQ
+        # pass where the sinks' gradient is summed
+        assert (short.block_m, short.block_n, short.consumers, short.dq_consumers) == (64, 128, 2, 2)
         assert (long.block_m, long.block_n, long.consumers, long.dq_consumers) == (64, 128, 2, 2)
-        if bwd_mod.WS_EXPR_MAX_HD >= 256:
-            assert (wide.block_n, wide.consumers, wide.roles) == (64, 2, True)
-        else:
-            assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
+        assert (wide.block_n, wide.consumers, wide.roles, wide.dq_consumers) == (64, 2, True, 0)
         assert (sinks.consumers, sinks.dq_consumers) == (2, 0)
+        # where the Gluon passes take no call (softcapping), a short reach gets the Triton
+        # dK/dV pass's 32-query steps
+        capped = default_bwd_config(dataclasses.replace(
+            _spec("doc[q_idx] == doc[kv_idx] and q_idx - kv_idx < 512 and kv_idx <= q_idx"), softcap=True))
+        assert (capped.block_m, capped.block_n, capped.tma, capped.consumers) == (32, 64, True, 0)
     else:
+        assert (short.block_m, short.block_n, short.tma, short.consumers) == (32, 64, True, 0)
         assert (long.block_m, long.block_n, long.tma, long.consumers) == (64, 64, True, 0)
         assert (wide.block_m, wide.block_n, wide.split_dkdv) == (32, 128, True)
         assert sinks.consumers == 0
@@ -82,8 +85,8 @@ def test_gluon_expression_configs_are_valid():
     assert check_bwd(plain, WS_BWD_DEFAULT) is None
     assert "dq_consumers" in check_bwd(sinks, WS_BWD_DEFAULT)
     assert check_bwd(sinks, dataclasses.replace(WS_BWD_DEFAULT, dq_consumers=0, dq_num_warps=8)) is None
-    # packed documents with expressions keep the Triton passes (not run on a GPU with Gluon yet)
-    assert check_bwd(dataclasses.replace(plain, varlen=True), WS_BWD_DEFAULT) is not None
+    # packed documents with expressions too (tests/gpu/test_gpu_expr.py: the varlen test)
+    assert check_bwd(dataclasses.replace(plain, varlen=True), WS_BWD_DEFAULT) is None
 
 
 def test_explain_says_which_loops_test_tiles():

@@ -11,6 +11,8 @@ import dataclasses
 import pytest
 import torch
 
+import attngen
+
 from tests.kernels.test_expr import CASES, DECODE_CASES, _run, decode_case
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]
@@ -82,3 +84,46 @@ def test_gpu_expression_ws_backward(name, path):
                                             ("prefix_lm", "ws_roles", 256), ("alibi_causal", "ws_roles", 256)])
 def test_gpu_expression_ws_backward_widths(name, path, hd):
     _ws_run(name, path, hd)
+
+
+@pytest.mark.parametrize("path, hd", [("ws", 64), ("ws_roles", 64), ("ws", 128), ("ws_roles", 256)])
+def test_gpu_expression_varlen_ws_backward(path, hd):
+    """Packed documents (attention_varlen) with a mask expression and a score modification
+    through the Gluon backward passes, forced: each document's output and gradients against
+    float64 by the flash-attn rule (queries and keys indexed within their document)."""
+    from attngen.families.bwd import BwdConfig
+    from attngen.runtime import api, dispatch
+    from attngen.testing import assert_flash_rule, check_grads
+    from tests.kernels.test_expr import reference
+
+    api.clear_plans()
+    g = torch.Generator().manual_seed(23)
+    lens, Hq, Hkv = [1, 37, 203, 1023, 66], 4, 2
+    T = sum(lens)
+    mk = lambda *s: torch.randn(*s, generator=g).to(torch.bfloat16).cuda()  # noqa: E731
+    q, k, v, dout = mk(T, Hq, hd), mk(T, Hkv, hd), mk(T, Hkv, hd), mk(T, Hq, hd)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    slope = (torch.rand(Hq, generator=g) * 0.1).cuda()
+    mask_mod = lambda b, h, qi, ki: (ki <= qi) & ((qi - ki < 300) | (ki < 4))  # noqa: E731
+    score_mod = lambda s, b, h, qi, ki: s - slope[h] * (qi - ki).abs()  # noqa: E731
+    cfg = dataclasses.replace(BwdConfig(64, 64, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2),
+                              **WS_PATHS[path])
+    if hd > 128:
+        cfg = dataclasses.replace(cfg, dq_consumers=0, dq_block_m=64, dq_block_n=64, dq_num_warps=4,
+                                  dq_num_stages=2)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    with dispatch.forced_config(bwd=cfg):
+        out = attngen.attention_varlen(*leaves, cu, cu, max(lens), max(lens), mask_mod=mask_mod,
+                                       score_mod=score_mod)
+        grads = torch.autograd.grad(out, leaves, dout)
+    torch.cuda.synchronize()
+    launched = {n for kind in api.launched().values() for n, _ in kind}
+    assert "_attn_bwd_dkdv_ws" in launched, launched
+    assert ("_attn_bwd_dq_ws" in launched) == bool(cfg.dq_consumers), launched
+    for a, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        doc = lambda t: t[a:e].transpose(0, 1)[None]  # noqa: E731
+        fn = lambda q_, k_, v_, upcast: reference(q_, k_, v_, mask_mod, score_mod, upcast=upcast)  # noqa: E731
+        assert_flash_rule(f"doc{a}/out", doc(out), fn(doc(q), doc(k), doc(v), True), fn(doc(q), doc(k), doc(v), False),
+                          2.0)
+        check_grads(f"{path}/hd{hd}/doc{a}", fn, (doc(q), doc(k), doc(v)), doc(dout),
+                    [doc(x) for x in grads])
