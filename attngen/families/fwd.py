@@ -14,7 +14,7 @@ import triton
 from attngen.families.base import SMEM_LIMIT, WS_MAXNREG, Family, _pow2, require_valid
 from attngen.kernels.common import MaskArgs
 from attngen.spec import expr as X
-from attngen.families.bwd import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, expr_short_reach
+from attngen.families.bwd_config import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, expr_short_reach
 from attngen.spec.expr_terms import mask_node, score_node
 from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
                                     needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
@@ -248,7 +248,7 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
     if spec.target == "sm90":
         ws = WS_DEFAULT if d <= 128 else WS_DEFAULT_WIDE
         if spec.has_expr and (not WS_EXPR_DEFAULT or d > WS_EXPR_MAX_HD or _short_reach(spec)):
-            # see families/bwd.py; a mask of short reach (gpt-oss's 128-key window with sinks, hd64)
+            # see families/bwd_config.py; a mask of short reach (gpt-oss's 128-key window with sinks, hd64)
             # ran 3.66x Flex on the Triton forward and 2.12x on the Gluon one (H100,
             # benchmarks/results/h100_bench_mods_gluon_2026-12-06.json)
             return _sm90_fwd_default(d, spec.varlen)

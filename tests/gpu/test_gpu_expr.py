@@ -43,7 +43,7 @@ def test_gpu_expression_decode(name, paged):
 # (except where an expression subscripts a parameter by a tile index: families/fwd.py, _gathers);
 # the dK/dV pass with two consumers over 128 keys, or with split roles over 64 (its P^T hand-off
 # carries a score modification's derivative); the Gluon dQ pass where the call has no parameter
-# or sinks gradient to sum (families/bwd.py: ws_dq_takes), else the Triton dQ pass beside it.
+# or sinks gradient to sum (families/bwd_config.py: ws_dq_takes), else the Triton dQ pass beside it.
 GATHERS = {"documents_sorted", "document_ids", "documents_unsorted", "t5_bias"}
 WS_PATHS = {"ws": dict(block_n=128), "ws_roles": dict(block_n=64, roles=True)}
 WS_SHAPES = {64: (2, 6, 2, 203, 1023), 128: (1, 4, 2, 1023, 1023), 256: (1, 4, 2, 203, 1023)}
