@@ -46,12 +46,13 @@ _MEASURING = {"mode": "fwd", "cases": None, "providers": None, "out": None, "dty
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both", "decode", "fp8", "prefill-paged"), default="fwd",
+    p.add_argument("--mode", choices=("fwd", "fwdbwd", "both", "decode", "fp8", "prefill-paged", "mods"), default="fwd",
                    help="forward only, forward+backward, or both (TFLOP/s); decode: one query token on a "
                         "KV cache, GB/s of K and V read (attngen.bench.decode); fp8: the fp8 forward "
                         "beside bf16 and cuDNN fp8 (attngen.bench.fp8); prefill-paged: chunked prefill on a "
-                        "paged KV cache beside the dense varlen prefill, TFLOP/s (attngen.bench.prefill_paged) "
-                        "(default: fwd)")
+                        "paged KV cache beside the dense varlen prefill, TFLOP/s (attngen.bench.prefill_paged); "
+                        "mods: expression kernels (masks, score modifications, sinks) beside FlexAttention and "
+                        "SDPA on a dense mask (attngen.bench.mods; --cases names its rows) (default: fwd)")
     p.add_argument("--cases", default=None,
                    help=f"comma-separated case names (default: all): {', '.join(CASES_BY_NAME)}")
     p.add_argument("--providers", default=None,
@@ -112,6 +113,10 @@ def main(args: argparse.Namespace) -> int:
         from attngen.bench import prefill_paged
 
         return prefill_paged.main_args(args)
+    if args.mode == "mods":
+        from attngen.bench import mods
+
+        return mods.main_args(args)
     if getattr(args, "from_json", None):
         return _redraw(args)
     plot_path = getattr(args, "plot", None)

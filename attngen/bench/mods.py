@@ -1,8 +1,12 @@
 """`attngen bench --mode mods` (GPU): expression kernels beside FlexAttention (the same mask_mod /
 score_mod; its block mask built outside the timing, flex_attention under torch.compile) on the
 issue's rows, forward and forward+backward, TFLOP/s counting only the pairs the mask keeps, and a
-cross-check of outputs and gradients against Flex and a float32 reference on each row.
+cross-check of outputs and gradients against Flex on each row. Beside them SDPA's cuDNN and
+memory-efficient backends where a dense mask can say the row (sdpa_peers: the mask as booleans,
+an additive score modification as a float bias; built outside the timing; rows with sinks have
+none): what a user without a mask language runs.
 
+    attngen bench --mode mods [--cases NAME,...] [--quick] --out FILE.json
     python3 -m attngen.bench.mods --out FILE.json [--quick] [--rows NAME,...]
 """
 
@@ -71,6 +75,81 @@ def _kept(mask_mod, B, H, S, device) -> int:
     return total * H
 
 
+def _dense_mask(mask_mod, score_mod, B: int, H: int, S: int, device):
+    """SDPA's attn_mask saying the row: the mask as booleans (B or 1, 1, S, S); with a score
+    modification, the float bias it adds (B or 1, H, S, S; bf16, -inf where masked). None where the
+    modification is not additive (score_mod(s) - s depends on s)."""
+    bs = torch.arange(B, device=device)[:, None, None, None]
+    hs = torch.arange(H, device=device)[None, :, None, None]
+    ks = torch.arange(S, device=device)[None, None, None, :]
+    if score_mod is not None:
+        z = torch.zeros((), device=device)
+        q0 = torch.arange(min(S, 64), device=device)[None, None, :, None]
+        if not torch.allclose(score_mod(z + 4.0, bs, hs, q0, ks) - 4.0, score_mod(z, bs, hs, q0, ks), atol=1e-5):
+            return None
+    shape = (B, 1 if score_mod is None else H, S, S)
+    out = torch.empty(shape, device=device, dtype=torch.bool if score_mod is None else torch.bfloat16)
+    for q0 in range(0, S, 1024):  # row blocks: the broadcast index grids of a whole 32k row set are large
+        qs = torch.arange(q0, min(S, q0 + 1024), device=device)[None, None, :, None]
+        keep = mask_mod(bs, hs[:, :1], qs, ks) if mask_mod is not None else torch.ones((), dtype=torch.bool, device=device)
+        if score_mod is None:
+            out[:, :, q0:q0 + qs.shape[2]] = keep
+        else:
+            bias = score_mod(torch.zeros((), device=device), bs, hs, qs, ks).float()
+            out[:, :, q0:q0 + qs.shape[2]] = torch.where(keep, bias, float("-inf")).to(out.dtype)
+    if out.shape[0] > 1 and bool((out == out[:1]).all()):
+        out = out[:1]
+    return out
+
+
+# SDPA backends timed where a dense mask says the row (SDPBackend names)
+SDPA_PEERS = ("CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+
+
+def sdpa_peers(q, k, v, g, mask, call_ref, fl_f: float, fl_fb: float) -> dict:
+    """Forward and forward+backward ms of SDPA on `mask` per backend of SDPA_PEERS, with the max
+    difference from attngen's output (call_ref); a backend that refuses the call is recorded.
+    K / V of GQA rows are given expanded to the query heads where a backend takes no enable_gqa
+    (the expansion outside the timing, its gradient's reduction left out)."""
+    import triton
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    out = {}
+    gqa = q.shape[1] != k.shape[1]
+    for name in SDPA_PEERS:
+        backend = getattr(SDPBackend, name)
+        key = name.split("_")[0].lower()
+        try:
+            with sdpa_kernel([backend]):
+                try:
+                    f = lambda: sdpa(q, k, v, attn_mask=mask, enable_gqa=gqa)  # noqa: E731
+                    o = f()
+                    note = None
+                except RuntimeError:
+                    if not gqa:
+                        raise
+                    r = q.shape[1] // k.shape[1]
+                    ke = k.detach().repeat_interleave(r, 1).requires_grad_(True)
+                    ve = v.detach().repeat_interleave(r, 1).requires_grad_(True)
+                    f = lambda: sdpa(q, ke, ve, attn_mask=mask)  # noqa: E731
+                    o = f()
+                    note = "K / V expanded to the query heads outside the timing"
+                out[f"sdpa_{key}_max_diff"] = (o.float() - call_ref.float()).abs().max().item()
+                with torch.no_grad():
+                    t_f = triton.testing.do_bench(f, warmup=25, rep=100)
+                leaves = [x for x in (q, k, v) if x.requires_grad] if note is None else [q, ke, ve]
+                t_fb = triton.testing.do_bench(lambda: torch.autograd.grad(f(), leaves, g), warmup=10, rep=60)
+            out.update({f"sdpa_{key}_fwd_ms": t_f, f"sdpa_{key}_fwdbwd_ms": t_fb,
+                        f"sdpa_{key}_fwd_tflops": fl_f / t_f * 1e-9, f"sdpa_{key}_fwdbwd_tflops": fl_fb / t_fb * 1e-9})
+            if note:
+                out[f"sdpa_{key}_note"] = note
+        except Exception as e:  # noqa: BLE001 -- a backend that cannot run the row is recorded
+            out[f"sdpa_{key}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        torch.cuda.empty_cache()
+    return out
+
+
 def run(quick: bool = False, only=None) -> dict:
     import triton
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -128,6 +207,12 @@ def run(quick: bool = False, only=None) -> dict:
                 "attngen_fwdbwd_tflops": fl_fb / t_ab * 1e-9, "flex_fwdbwd_tflops": fl_fb / t_fb * 1e-9,
                 "ratio_fwd": t_f / t_a, "ratio_fwdbwd": t_fb / t_ab,
             })
+            mask = None if sinks is not None else _dense_mask(mask_mod, score_mod, B, Hq, S, dev)
+            if mask is not None:
+                row.update(sdpa_peers(q, k, v, g, mask, out, fl_f, fl_fb))
+                del mask
+            else:
+                row["sdpa"] = "no dense mask says the row (sinks)"
         except Exception as e:  # a row that fails is recorded, the run goes on
             row["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         print(json.dumps(row), flush=True)
@@ -135,6 +220,32 @@ def run(quick: bool = False, only=None) -> dict:
         torch.cuda.empty_cache()
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
             "rows": rows}
+
+
+def main_args(args) -> int:
+    """`attngen bench --mode mods [--cases ROW,...] [--quick] --out F`: exit 0 done, 1 no GPU, 2 bad
+    arguments."""
+    def fail(msg, code):
+        print(f"attngen bench --mode mods: {msg}", file=__import__("sys").stderr)
+        return code
+
+    if getattr(args, "from_json", None) or getattr(args, "plot", None) or args.providers:
+        return fail("--plot / --from / --providers: this mode times every peer and writes JSON only (--out)", 2)
+    if args.dtype != "bf16":
+        return fail("its rows are bf16 (--dtype bf16)", 2)
+    if not args.out:
+        return fail("--out FILE.json is required", 2)
+    only = [r for r in (args.cases or "").split(",") if r]
+    unknown = sorted(set(only) - {r[0] for r in ROWS})
+    if unknown:
+        return fail(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(r[0] for r in ROWS)})", 2)
+    if not torch.cuda.is_available():
+        return fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
+    res = run(args.quick, only)
+    with open(args.out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print(f"wrote {args.out}")
+    return 0
 
 
 def main(argv=None) -> int:
