@@ -125,6 +125,10 @@ class Emitter:
         if isinstance(n, Bin):
             a, b = self.emit(n.a), self.emit(n.b)
             if n.op == "/":
+                if isinstance(n.b, Const) and n.b.value not in (0, 0.0):
+                    # by a constant: a multiply by its reciprocal (within an ulp of the quotient)
+                    # instead of an fp32 division a score
+                    return f"{a} * {float(1.0 / n.b.value)!r}"
                 return f"({a} * 1.0) / {b}"
             if n.op in ("//", "%") and n.ty == INT:
                 # truncating division fixed to Python's floor, whichever way the backend rounds
