@@ -4,13 +4,13 @@
 # template: templates/attn_bwd.py.jinja (sha256 3e6592bd89c1216d)
 # spec:     specs/bloom_alibi.yaml#bloom_560m (sha256 b92bd7d562df3429)
 # kernel:   dict(family='bwd', dtype='fp16', target='sm80', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
-# hash:     d23c961f4585fe2f (of this module without its stamp; tuned configs are keyed by it)
+# hash:     012e174b828ce54c (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 
 URI = "attn_bwd_fp16_hd64_gqa1_causal_xcdc8a6f4_sm80"
 FAMILY = "bwd"
-KERNEL_HASH = "d23c961f4585fe2f"
+KERNEL_HASH = "012e174b828ce54c"
 KERNEL_SPEC = dict(family='bwd', dtype='fp16', target='sm80', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
 HEAD_DIM_QK = 64
 HEAD_DIM_V = 64
@@ -85,15 +85,14 @@ def _attn_bwd_dkdv_inner(
 
         qkT = tl.dot(k, tl.trans(q))
         dpT = tl.dot(v, tl.trans(do))
-        x_score = qkT * (qk_scale * 0.6931471805599453)
         xs_sT_0 = tl.load(XP_slope + tl.minimum(tl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(tl.float32)
-        xs_sT_1 = ((rows + diag_offset)).to(tl.float32)
-        xs_sT_2 = (cols).to(tl.float32)
-        xs_sT_3 = xs_sT_1[None, :] - xs_sT_2[:, None]
-        xs_sT_4 = tl.abs(xs_sT_3)
-        xs_sT_5 = xs_sT_0 * xs_sT_4
-        xs_sT_6 = x_score - xs_sT_5
-        sT = xs_sT_6 * 1.4426950408889634
+        xs_sT_1 = xs_sT_0 * -1.4426950408889634
+        xs_sT_2 = ((rows + diag_offset)).to(tl.float32)
+        xs_sT_3 = (cols).to(tl.float32)
+        xs_sT_4 = xs_sT_2[None, :] - xs_sT_3[:, None]
+        xs_sT_5 = tl.abs(xs_sT_4)
+        xs_sT_6 = xs_sT_1 * xs_sT_5
+        sT = qkT * qk_scale + xs_sT_6
         # lse is natural-log; scores are log2-domain
         pT = tl.math.exp2(sT - (lse * 1.4426950408889634)[None, :])
         if MASKED:
@@ -229,15 +228,14 @@ def _attn_bwd_dq_inner(
             v = tl.load(v_base + cols[:, None] * stride_vn + offs_dv[None, :] * stride_vk)
 
         qk = tl.dot(q, tl.trans(k))
-        x_score = qk * (qk_scale * 0.6931471805599453)
         xs_s_0 = tl.load(XP_slope + tl.minimum(tl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(tl.float32)
-        xs_s_1 = ((rows + diag_offset)).to(tl.float32)
-        xs_s_2 = (cols).to(tl.float32)
-        xs_s_3 = xs_s_1[:, None] - xs_s_2[None, :]
-        xs_s_4 = tl.abs(xs_s_3)
-        xs_s_5 = xs_s_0 * xs_s_4
-        xs_s_6 = x_score - xs_s_5
-        s = xs_s_6 * 1.4426950408889634
+        xs_s_1 = xs_s_0 * -1.4426950408889634
+        xs_s_2 = ((rows + diag_offset)).to(tl.float32)
+        xs_s_3 = (cols).to(tl.float32)
+        xs_s_4 = xs_s_2[:, None] - xs_s_3[None, :]
+        xs_s_5 = tl.abs(xs_s_4)
+        xs_s_6 = xs_s_1 * xs_s_5
+        s = qk * qk_scale + xs_s_6
         p = tl.math.exp2(s - lse2[:, None])
         if MASKED:
             p = tl.where((cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + (diag_offset + window_right)), p, 0.0)

@@ -4,7 +4,7 @@
 # template: templates/attn_fwd.py.jinja (sha256 3e2fbbfeb5b3502d)
 # spec:     specs/bloom_alibi.yaml#bloom_560m (sha256 b92bd7d562df3429)
 # kernel:   dict(family='fwd', dtype='bf16', target='sm90', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
-# hash:     faded5d9cea217f0 (of this module without its stamp; tuned configs are keyed by it)
+# hash:     ca909e5d5a7e051c (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 from triton.experimental import gluon
@@ -14,7 +14,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 URI = "attn_fwd_bf16_hd64_gqa1_causal_xcdc8a6f4_sm90"
 FAMILY = "fwd"
-KERNEL_HASH = "faded5d9cea217f0"
+KERNEL_HASH = "ca909e5d5a7e051c"
 KERNEL_SPEC = dict(family='fwd', dtype='bf16', target='sm90', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
 HEAD_DIM_QK = 64
 HEAD_DIM_V = 64
@@ -42,15 +42,14 @@ def _attn_fwd_inner(
         else:
             k = tl.load(k_ptrs + start_n * stride_kn)
         qk = tl.dot(q, k)
-        x_score = qk * (qk_scale * 0.6931471805599453)
         xs_s_0 = tl.load(XP_slope + tl.minimum(tl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(tl.float32)
-        xs_s_1 = ((rows + diag_offset)).to(tl.float32)
-        xs_s_2 = (cols).to(tl.float32)
-        xs_s_3 = xs_s_1[:, None] - xs_s_2[None, :]
-        xs_s_4 = tl.abs(xs_s_3)
-        xs_s_5 = xs_s_0 * xs_s_4
-        xs_s_6 = x_score - xs_s_5
-        s = xs_s_6 * 1.4426950408889634
+        xs_s_1 = xs_s_0 * -1.4426950408889634
+        xs_s_2 = ((rows + diag_offset)).to(tl.float32)
+        xs_s_3 = (cols).to(tl.float32)
+        xs_s_4 = xs_s_2[:, None] - xs_s_3[None, :]
+        xs_s_5 = tl.abs(xs_s_4)
+        xs_s_6 = xs_s_1 * xs_s_5
+        s = qk * qk_scale + xs_s_6
         if MASKED:
             s = tl.where((cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + (diag_offset + window_right)), s, float("-inf"))
         m_blk = tl.max(s, 1)
@@ -172,15 +171,14 @@ def _attn_fwd_tma_inner(
         cols = start_n + offs_n
         k = desc_k.load([off_z, off_hkv, start_n, 0]).reshape(BLOCK_N, 64)
         qk = tl.dot(q, k.T)
-        x_score = qk * (qk_scale * 0.6931471805599453)
         xs_s_0 = tl.load(XP_slope + tl.minimum(tl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(tl.float32)
-        xs_s_1 = ((rows + diag_offset)).to(tl.float32)
-        xs_s_2 = (cols).to(tl.float32)
-        xs_s_3 = xs_s_1[:, None] - xs_s_2[None, :]
-        xs_s_4 = tl.abs(xs_s_3)
-        xs_s_5 = xs_s_0 * xs_s_4
-        xs_s_6 = x_score - xs_s_5
-        s = xs_s_6 * 1.4426950408889634
+        xs_s_1 = xs_s_0 * -1.4426950408889634
+        xs_s_2 = ((rows + diag_offset)).to(tl.float32)
+        xs_s_3 = (cols).to(tl.float32)
+        xs_s_4 = xs_s_2[:, None] - xs_s_3[None, :]
+        xs_s_5 = tl.abs(xs_s_4)
+        xs_s_6 = xs_s_1 * xs_s_5
+        s = qk * qk_scale + xs_s_6
         if MASKED:
             s = tl.where((cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + (diag_offset + window_right)), s, float("-inf"))
         m_blk = tl.max(s, 1)
@@ -353,15 +351,14 @@ def _attn_fwd_ws_scores(s, rows, cols, masked, qk_scale, seqlen_k, diag_offset, 
     """Scores of a key block with the pairs the mask drops at -inf (blocks the mask cuts only). A
     score modification's kernel returns them modified, in the log2 domain (its softmax then
     scales by 1: sm_scale)."""
-    x_score = s * (qk_scale * 0.6931471805599453)
     xs_s_x_0 = gl.load(XP_slope + gl.minimum(gl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(gl.float32)
-    xs_s_x_1 = ((rows + diag_offset)).to(gl.float32)
-    xs_s_x_2 = (cols).to(gl.float32)
-    xs_s_x_3 = xs_s_x_1[:, None] - xs_s_x_2[None, :]
-    xs_s_x_4 = gl.abs(xs_s_x_3)
-    xs_s_x_5 = xs_s_x_0 * xs_s_x_4
-    xs_s_x_6 = x_score - xs_s_x_5
-    s_x = xs_s_x_6 * 1.4426950408889634
+    xs_s_x_1 = xs_s_x_0 * -1.4426950408889634
+    xs_s_x_2 = ((rows + diag_offset)).to(gl.float32)
+    xs_s_x_3 = (cols).to(gl.float32)
+    xs_s_x_4 = xs_s_x_2[:, None] - xs_s_x_3[None, :]
+    xs_s_x_5 = gl.abs(xs_s_x_4)
+    xs_s_x_6 = xs_s_x_1 * xs_s_x_5
+    s_x = s * qk_scale + xs_s_x_6
     s = s_x
     if masked:
         s = gl.where((cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + (diag_offset + window_right)), s, float("-inf"))

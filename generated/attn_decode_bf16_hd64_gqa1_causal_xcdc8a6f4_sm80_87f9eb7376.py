@@ -4,13 +4,13 @@
 # template: templates/attn_decode.py.jinja (sha256 f2800cf18fad7c25)
 # spec:     specs/bloom_alibi.yaml#bloom_560m (sha256 b92bd7d562df3429)
 # kernel:   dict(family='decode', dtype='bf16', target='sm80', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
-# hash:     11c166b3ccf95491 (of this module without its stamp; tuned configs are keyed by it)
+# hash:     f28ea3b43f4e77a4 (of this module without its stamp; tuned configs are keyed by it)
 import triton
 import triton.language as tl
 
 URI = "attn_decode_bf16_hd64_gqa1_causal_xcdc8a6f4_sm80"
 FAMILY = "decode"
-KERNEL_HASH = "11c166b3ccf95491"
+KERNEL_HASH = "f28ea3b43f4e77a4"
 KERNEL_SPEC = dict(family='decode', dtype='bf16', target='sm80', head_dim_qk=64, head_dim_v=64, gqa_ratio=1, mask='causal', softcap=False, varlen=False, mask_expr='', score_expr='(score - (slope[h] * abs((q_idx - kv_idx))))', params=(('slope', ('h',), 'fp32', False),), sinks=False)
 HEAD_DIM_QK = 64
 HEAD_DIM_V = 64
@@ -211,15 +211,14 @@ def _attn_decode(
             k = tl.load(k_base + k_rows[None, :] + offs_d[:, None], mask=in_kv[None, :] & d_ok[:, None],
                         other=0.0).to(DOT_TY)
         qk = tl.dot(q, k)
-        x_score = qk * (qk_scale * 0.6931471805599453)
         xs_s_0 = tl.load(XP_slope + tl.minimum(tl.maximum(x_h, 0), xp_slope_n0 - 1) * xp_slope_s0).to(tl.float32)
-        xs_s_1 = ((rows + diag_offset)).to(tl.float32)
-        xs_s_2 = (cols).to(tl.float32)
-        xs_s_3 = xs_s_1[:, None] - xs_s_2[None, :]
-        xs_s_4 = tl.abs(xs_s_3)
-        xs_s_5 = xs_s_0 * xs_s_4
-        xs_s_6 = x_score - xs_s_5
-        s = xs_s_6 * 1.4426950408889634
+        xs_s_1 = xs_s_0 * -1.4426950408889634
+        xs_s_2 = ((rows + diag_offset)).to(tl.float32)
+        xs_s_3 = (cols).to(tl.float32)
+        xs_s_4 = xs_s_2[:, None] - xs_s_3[None, :]
+        xs_s_5 = tl.abs(xs_s_4)
+        xs_s_6 = xs_s_1 * xs_s_5
+        s = qk * qk_scale + xs_s_6
         if MASKED:
             s = tl.where((cols[None, :] < seqlen_k) & (cols[None, :] <= rows[:, None] + (diag_offset + window_right)), s, float("-inf"))
         m_blk = tl.max(s, 1)
