@@ -66,13 +66,23 @@ def _imported(name: str, root: Path, seen: set | None = None) -> set:
     if name in seen:
         return seen
     seen.add(name)
-    source = (root / name).read_text()
-    for dep in meta.find_referenced_templates(_environment(str(root)).parse(source)):
+    path = root / name
+    st = path.stat()
+    key = (str(path), st.st_mtime_ns, st.st_size)
+    deps = _REFS.get(key)
+    if deps is None:  # Jinja's parse of a template, once per file version (a build renders hundreds)
+        deps = tuple(meta.find_referenced_templates(_environment(str(root)).parse(path.read_text())))
+        _REFS[key] = deps
+    for dep in deps:
         if dep is None:
             raise CodegenError(f"templates/{name}: imports a template whose name is computed; "
                                "the template hash needs literal names")
         _imported(dep, root, seen)
     return seen
+
+
+# (template path, mtime, size) -> the templates it references
+_REFS: dict = {}
 
 
 def next_pow2(n: int) -> int:
