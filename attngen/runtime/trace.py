@@ -76,7 +76,10 @@ def _trace(fn, role: str, args: tuple, want_bool: bool) -> Traced:
     call whose kernel takes a few hundred microseconds (a document mask's call on the CPU here:
     115 -> 51 us before the launch)."""
     keep: list = []
-    key = _fingerprint(fn, keep)
+    try:
+        key = _fingerprint(fn, keep)
+    except Exception:  # noqa: BLE001 -- an empty cell, an odd object: traced every call
+        key = None
     if key is not None:
         key = (role, key)
         hit = _TRACES.get(key)
@@ -138,13 +141,17 @@ def _fingerprint(fn, keep: list, depth: int = 0):
     return tuple(parts)
 
 
-def _names(code) -> list:
+def _names(code) -> tuple:
     """The names code and the code objects nested in it read (globals and attributes alike)."""
-    out = list(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out += _names(c)
+    out = _NAMES.get(code)
+    if out is None:
+        out = tuple(code.co_names) + tuple(n for c in code.co_consts if isinstance(c, types.CodeType)
+                                           for n in _names(c))
+        _NAMES[code] = out
     return out
+
+
+_NAMES: dict = {}  # code object -> _names (a code object is immutable)
 
 
 def _value_key(v, keep: list, depth: int):

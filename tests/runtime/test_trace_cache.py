@@ -113,3 +113,16 @@ def test_errors_are_not_kept(count):
         with pytest.raises(trace.TraceError, match="used as a value"):
             trace.trace_mask_mod(mm)
     assert len(count) == 2
+
+
+def test_an_unbound_cell_is_traced_not_keyed(count):
+    def make():
+        def mm(b, h, q, k):
+            return k <= q if late is None else k <= q  # noqa: F821 -- `late` is bound below, after the trace
+        return mm
+        late = None  # noqa: F841 -- never reached: the cell stays empty
+
+    mm = make()
+    with pytest.raises(NameError):  # the callable's own error, not the fingerprint's on the empty cell
+        trace.trace_mask_mod(mm)
+    assert len(count) == 1
