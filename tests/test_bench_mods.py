@@ -32,3 +32,23 @@ def test_dense_mask_says_the_row(kind):
 def test_no_dense_form_of_a_modification_that_does_not_add():
     softcap = lambda s, b, h, qi, ki: 30.0 * torch.tanh(s / 30.0)  # noqa: E731
     assert mods._dense_mask(None, softcap, 1, 2, 128, torch.device("cpu")) is None
+
+
+def test_the_cli_mode_refuses_bad_arguments(capsys):
+    import argparse
+
+    from attngen import bench
+
+    def run(*argv):
+        p = argparse.ArgumentParser()
+        bench.add_arguments(p)
+        return bench.main(p.parse_args(["--mode", "mods", *argv]))
+
+    assert run("--cases", "nope", "--out", "x.json") == 2
+    assert "unknown nope" in capsys.readouterr().err
+    assert run("--providers", "flex", "--out", "x.json") == 2
+    assert run("--dtype", "fp16", "--out", "x.json") == 2
+    assert run("--cases", "t5_bias_2k") == 2  # no --out
+    if not torch.cuda.is_available():
+        assert run("--cases", "t5_bias_2k", "--out", "x.json") == 1
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 
 import torch
 
@@ -222,11 +223,25 @@ def run(quick: bool = False, only=None) -> dict:
             "rows": rows}
 
 
+def _rows(names: str) -> tuple[list, str | None]:
+    """(the row names asked for, an error naming the unknown ones or None)."""
+    only = [r for r in (names or "").split(",") if r]
+    unknown = sorted(set(only) - {r[0] for r in ROWS})
+    if unknown:
+        return only, f"unknown {', '.join(unknown)} (known: {', '.join(r[0] for r in ROWS)})"
+    return only, None
+
+
+def _write(res: dict, path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
 def main_args(args) -> int:
     """`attngen bench --mode mods [--cases ROW,...] [--quick] --out F`: exit 0 done, 1 no GPU, 2 bad
     arguments."""
     def fail(msg, code):
-        print(f"attngen bench --mode mods: {msg}", file=__import__("sys").stderr)
+        print(f"attngen bench --mode mods: {msg}", file=sys.stderr)
         return code
 
     if getattr(args, "from_json", None) or getattr(args, "plot", None) or args.providers:
@@ -235,15 +250,12 @@ def main_args(args) -> int:
         return fail("its rows are bf16 (--dtype bf16)", 2)
     if not args.out:
         return fail("--out FILE.json is required", 2)
-    only = [r for r in (args.cases or "").split(",") if r]
-    unknown = sorted(set(only) - {r[0] for r in ROWS})
-    if unknown:
-        return fail(f"--cases: unknown {', '.join(unknown)} (known: {', '.join(r[0] for r in ROWS)})", 2)
+    only, err = _rows(args.cases)
+    if err:
+        return fail(f"--cases: {err}", 2)
     if not torch.cuda.is_available():
         return fail("needs a CUDA GPU (torch.cuda.is_available() is False)", 1)
-    res = run(args.quick, only)
-    with open(args.out, "w") as fh:
-        json.dump(res, fh, indent=1)
+    _write(run(args.quick, only), args.out)
     print(f"wrote {args.out}")
     return 0
 
@@ -254,13 +266,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rows", default="", help="comma-separated row names (default: all)")
     a = ap.parse_args(argv)
-    only = [r for r in a.rows.split(",") if r]
-    unknown = sorted(set(only) - {r[0] for r in ROWS})
-    if unknown:
-        ap.error(f"--rows: unknown {', '.join(unknown)} (known: {', '.join(r[0] for r in ROWS)})")
-    res = run(a.quick, only)
-    with open(a.out, "w") as fh:
-        json.dump(res, fh, indent=1)
+    only, err = _rows(a.rows)
+    if err:
+        ap.error(f"--rows: {err}")
+    _write(run(a.quick, only), a.out)
     return 0
 
 
