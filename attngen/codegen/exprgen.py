@@ -107,26 +107,143 @@ def mask_tile(spec: KernelSpec, rows: str, cols: str, transposed: bool = False, 
 
 
 def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: str = "cols",
-               transposed: bool = False, derivative: bool = False) -> str:
+               transposed: bool = False, derivative: bool = False, ref: str = "", minus: str = "") -> str:
     """Statements computing `out` = score_mod(scale * qk) in the log2 domain; with derivative,
-    also `<out>_dmod` = d score_mod / d score (none when the modification adds to the score)."""
-    node = score_node(spec)
-    em = XC.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_",
-                    vecs=_tile_vecs(rows, cols, transposed, False))
+    also `<out>_dmod` = d score_mod / d score (none when the modification adds to the score).
+    minus: code of a vector along the query rows (the backward's log2 logsumexp) that `out` then
+    has subtracted. ref: code of an integer key index near the tile (the key block's start): where
+    the added term is a factor the same across the tile times a sum of a query-only and a key-only
+    integer term, those two are taken apart as vectors around ref and the tile costs an add and
+    an FMA a score (see _separated)."""
+    node = under_mask(score_node(spec), mask_node(spec))
+    vecs = _tile_vecs(rows, cols, transposed, False)
+    em = XC.Emitter(_tile_names(rows, cols, transposed, False), _load(spec), f"xs_{out}_", vecs=vecs)
+    q_sfx = vecs["q_idx"][1] if vecs else ("[None, :]" if transposed else "[:, None]")
     add = _additive(node)
     if add is not None:
         # score + g: qk * qk_scale + g * log2(e), the constant folded into g's factor that is
-        # the same across the tile (ALiBi's slope[h]): a subtraction, a multiply and an FMA a
-        # score instead of six operations
+        # the same across the tile (ALiBi's slope[h])
+        sep = _separated(add[1], add[0] * _LOG2E) if ref and vecs and SEPARATE else None
+        if sep is not None:
+            return "\n".join(_separated_code(spec, em, sep, out, qk, rows, cols, transposed, ref, minus, q_sfx))
         res = em.emit(_scaled(add[1], add[0] * _LOG2E))
-        return "\n".join(em.lines + [f"{out} = {qk} * qk_scale + {res}"])
+        tail = f" - ({minus}){q_sfx}" if minus else ""
+        return "\n".join(em.lines + [f"{out} = {qk} * qk_scale + {res}{tail}"])
     lines = [f"x_score = {qk} * (qk_scale * 0.6931471805599453)"]
     res = em.emit(node)
-    tail = [f"{out} = {res} * 1.4426950408889634"]
+    tail = [f"{out} = {res} * 1.4426950408889634" + (f" - ({minus}){q_sfx}" if minus else "")]
     if derivative and not X.is_identity_in_score(node):
         d = X.diff(node, lambda m: isinstance(m, X.Var) and m.name == "score")
         tail.append(f"{out}_dmod = {em.emit(d)}")
     return "\n".join(lines + em.lines + tail)
+
+
+# the query-only / key-only split of an added term (score_tile's ref); module-level so that an
+# A/B run can switch it off in one process
+SEPARATE = True
+
+
+def under_mask(node, mask):
+    """node with abs(a - b) written a - b (or b - a) where the mask's conjunction says b <= a (or
+    a <= b) for every pair it keeps: the pairs it drops never reach the softmax, so the value there
+    does not matter (ALiBi under causal: |q - k| = q - k)."""
+    if node is None or mask is None:
+        return node
+    facts = set()
+    todo = [mask]
+    while todo:
+        m = todo.pop()
+        if isinstance(m, X.BoolOp) and m.op == "and":
+            todo += [m.a, m.b]
+        elif isinstance(m, X.Cmp) and m.op in ("<", "<="):
+            facts.add((m.a, m.b))
+        elif isinstance(m, X.Cmp) and m.op in (">", ">="):
+            facts.add((m.b, m.a))
+
+    def go(n):
+        if isinstance(n, X.Call) and n.fn == "abs" and isinstance(n.args[0], X.Bin) and n.args[0].op == "-":
+            a, b = n.args[0].a, n.args[0].b
+            if (b, a) in facts:
+                return go(n.args[0])
+            if (a, b) in facts:
+                return X.Bin(n.args[0].ty, "-", go(b), go(a))
+        if isinstance(n, X.Bin):
+            return X.Bin(n.ty, n.op, go(n.a), go(n.b))
+        if isinstance(n, (X.Neg, X.Not)):
+            return type(n)(n.ty, go(n.a))
+        if isinstance(n, (X.Cmp, X.BoolOp)):
+            return type(n)(n.ty, n.op, go(n.a), go(n.b))
+        if isinstance(n, X.IfExp):
+            return X.IfExp(n.ty, go(n.c), go(n.a), go(n.b))
+        if isinstance(n, X.Call):
+            return X.Call(n.ty, n.fn, tuple(go(a) for a in n.args))
+        return n
+
+    return go(node)
+
+
+def _separated(g: X.Node, c: float):
+    """(k, query terms, key terms) where g * c == k * (sum of the query terms + sum of the key
+    terms), k free of tile indices, the terms (sign, integer node) each free of one index; else
+    None."""
+    if isinstance(g, X.Neg):
+        return _separated(g.a, -c)
+    k, w = X.const(c), g
+    if isinstance(g, X.Bin) and g.op == "*" and g.ty == X.FLOAT:
+        for u, v in ((g.a, g.b), (g.b, g.a)):
+            if not XC._uses_any(u, _TILE_INDICES):
+                k, w = X.Bin(X.FLOAT, "*", u, X.const(c)), v
+                break
+    if w.ty != X.INT or XC._uses_any(k, _TILE_INDICES):
+        return None
+    terms = []
+    todo = [(1, w)]
+    while todo:
+        sign, n = todo.pop()
+        if isinstance(n, X.Bin) and n.op in ("+", "-"):
+            todo += [(sign, n.a), (sign if n.op == "+" else -sign, n.b)]
+        elif isinstance(n, X.Neg):
+            todo.append((-sign, n.a))
+        elif XC._uses_any(n, ("q_idx",)) and XC._uses_any(n, ("kv_idx",)):
+            return None
+        else:
+            terms.append((sign, n))
+    keys = [t for t in terms if XC._uses_any(t[1], ("kv_idx",))]
+    if not keys:
+        return None
+    return k, [t for t in terms if t not in keys], keys
+
+
+def _separated_code(spec, em, sep, out, qk, rows, cols, transposed, ref, minus, q_sfx) -> list[str]:
+    """k * (w_q - ref) as a query vector (less `minus`) and k * (w_k + ref) as a key vector, both
+    integers before the conversion (exact), their sum the added term to within an ulp of the
+    larger, and ref near the tile keeps both small next to the diagonal."""
+    k, qs, ks = sep
+    ref_var = X.Var(X.INT, "x_ref")
+
+    def total(terms, last):
+        acc = None
+        for sign, n in terms + [last]:
+            if acc is None:
+                acc = n if sign > 0 else X.Neg(X.INT, n)
+            else:
+                acc = X.Bin(X.INT, "+" if sign > 0 else "-", acc, n)
+        return acc
+
+    names = dict(_tile_names(rows, cols, transposed, False), x_ref=f"({ref})")
+    vecs = _tile_vecs(rows, cols, transposed, False)
+    names["q_idx"], names["kv_idx"] = vecs["q_idx"][0], vecs["kv_idx"][0]
+    vem = XC.Emitter(names, _load(spec), f"xv_{out}_")
+    kc = em.emit(k)
+    wq = vem.emit(total(qs, (-1, ref_var)))
+    wk = vem.emit(total(ks, (1, ref_var)))
+    lines = em.lines + vem.lines
+    qv = f"{kc} * ({wq}).to(tl.float32)" + (f" - ({minus})" if minus else "")
+    q_vec = bool(minus) or any(XC._uses_any(n, ("q_idx",)) for _, n in qs)
+    lines.append(f"x_{out}_qv = {qv}")
+    lines.append(f"x_{out}_kv = {kc} * ({wk}).to(tl.float32)")
+    lines.append(f"{out} = {qk} * qk_scale + (x_{out}_qv{q_sfx if q_vec else ''} + x_{out}_kv{vecs['kv_idx'][1]})")
+    return lines
 
 
 _LOG2E = 1.4426950408889634
