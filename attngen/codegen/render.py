@@ -125,11 +125,10 @@ def column_tiles(spec: KernelSpec, which: str, policy: str = "split") -> list[di
 def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path | None = None,
                      options: dict | None = None) -> dict:
     """Everything the templates read. options: codegen choices for A/B runs
-    (benchmarks/tools/fwd_ab.py, bwd_ab.py, varlen_ab.py): {"head_chunks": "split" | "pad", "dp_first":
-    "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off", "tile_order": "grouped" |
-    "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ...}; the build
-    always uses
-    the defaults."""
+    (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
+    "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
+    "tile_order": "grouped" | "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off",
+    "fp8_rot_tile": 0 | 64 | ...}; the build always uses the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
     # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64

@@ -290,7 +290,8 @@ def default_fwd_config(spec: KernelSpec, device_kind: str = "cuda", seqlen_q: in
 
 # The warp-specialized Gluon forward (FwdConfig.consumers) where it exists: 128 query rows over two
 # consumer warp groups, 128-key blocks, a 2-deep K / V ring. H200, bf16, TFLOP/s beside the Triton
-# kernel's default and cuDNN in one run (benchmarks/tools/gluon_fwd.py, h200_gluon_fwd_2026-12-01.json):
+# kernel's default and cuDNN in one run (benchmarks/tools/gluon_fwd.py, removed: in git at 486282c;
+# h200_gluon_fwd_2026-12-01.json):
 # full 593 vs 538 (cuDNN 663), causal S4096 529 vs 445 (516), causal S16384 617 vs 512 (545), GQA
 # 32/8 S8192 571 vs 475 (550), causal hd64 400 vs 387 (434); 64-key blocks with 3-4 stages 478-555.
 WS_DEFAULT = FwdConfig(128, 128, 4, 2, tma=True, consumers=2)

@@ -28,9 +28,9 @@ FOLDERS = {  # folder -> the opening of its index
     ],
     REPO / "benchmarks" / "ab": [
         "Every A/B run here (kernel or config variants measured side by side in one process, by",
-        "`benchmarks/tools/fwd_ab.py`, `bwd_ab.py`, `varlen_ab.py`, `fp8_ab.py`), what it shows, the commit of the run",
-        "(where the file records it; the device copy of a tree can record its base commit plus local",
-        "changes) and its date, and the documents that cite it.",
+        "`benchmarks/tools/fwd_ab.py`, `bwd_ab.py`, `fp8_ab.py`; `varlen_ab.py`, removed, is in git at",
+        "486282c), what it shows, the commit of the run (where the file records it; the device copy of",
+        "a tree can record its base commit plus local changes) and its date, and the documents that cite it.",
     ],
 }
 INDEX = "INDEX.md"
@@ -38,7 +38,7 @@ DOCS = ["README.md", "docs/*.md", "benchmarks/README.md", "tuning_db/README.md",
 KINDS = [  # filename pattern -> what such a file shows
     ("h[12]00_bench_*", "`attngen bench` run: TFLOP/s of attngen beside the peers, one JSON row per case and mode"),
     ("h[12]00_ab_*", "A/B run of kernel or config variants (benchmarks/tools/*_ab.py)"),
-    ("h200_profile_fp8_*", "each fp8 bench row's kernels (GPU µs a call), host µs a call and bench µs, attngen fp8 beside cuDNN fp8 (benchmarks/tools/fp8_profile.py)"),
+    ("h200_profile_fp8_*", "each fp8 bench row's kernels (GPU µs a call), host µs a call and bench µs, attngen fp8 beside cuDNN fp8 (benchmarks/tools/fp8_profile.py, removed: in git at 486282c)"),
     ("h200_sweep*", "config sweep on the H200 (tiles, warps, stages): TFLOP/s per config"),
     ("h[12]00_gpu_*", "GPU test suite run (tests/gpu): log or per-case summary"),
     ("gpu_correctness_grid*", "the GPU correctness grid (tests/gpu/test_gpu_grid.py): records or sanitizer summary"),
