@@ -142,6 +142,9 @@ def routes_to_decode(q, k, opts) -> bool:
 
 
 _PLANS = PlanCache()
+# attention_with_kvcache's own argument key -> (DecodePlan, new_len, rotary per token): its eager
+# fast path (public.attention_with_kvcache)
+_FAST = PlanCache()
 
 
 def _fail(msg: str):
@@ -284,18 +287,14 @@ def check_rotary(q, cos, sin, interleaved, new_kv: bool, new_len: int, capacity:
 
 def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len: int, num_splits: int = 0,
                  k_descale=None, v_descale=None, validate: bool = False, extra=None, indices=(None, None),
-                 rotary=None):
+                 rotary=None, keep=None):
     """(out, lse) of a checked call; the body of the custom op. indices: (cache_batch_idx,
     cache_leftpad); rotary: a families.decode.Rotary or None. The metadata's values are checked on
     the host (kvguard.check_values) when they are there already (CPU tensors) or `validate` asks
     (a device-to-host copy; skipped while a CUDA graph is captured); the kernels bound every access
-    and flag the rest (kvguard.flags)."""
-    meta = cache_seqlens if cache_seqlens is not None else indices[0] if indices[0] is not None else indices[1]
-    if meta is not None and (meta.device.type == "cpu" or validate and not kvguard.capturing(meta.device)):
-        paged = block_table is not None
-        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
-        kvguard.check_values(cache_seqlens, block_table, new_len, capacity, k_cache.shape[0] if paged else 0,
-                             k_cache.shape[1], *indices, k_cache.shape[0])
+    and flag the rest (kvguard.flags). keep: (a PlanCache, a key) under which the plan is kept
+    too (attention_with_kvcache's fast path, keyed on its own arguments)."""
+    check_meta(q, k_cache, cache_seqlens, block_table, new_len, validate, indices)
     descales = (None if k_descale is None else k_descale.stride(), None if v_descale is None else v_descale.stride())
     key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
            k_cache.dtype, q.device, opts, cache_seqlens is None, None if block_table is None else (block_table.shape,
@@ -310,5 +309,17 @@ def kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, ne
         plan = _PLANS.put(key, DecodePlan(q, k_cache, v_cache, opts, cache_seqlens, block_table, new_len,
                                           num_splits, descales=(k_descale, v_descale), new_kv=(k, v), extra=extra,
                                           indices=indices, rotary=rotary))
+    if keep is not None:
+        keep[0].put(keep[1], (plan, new_len, rotary is not None and rotary.per_token))
     return plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v, extra,
                           indices, rotary)
+
+
+def check_meta(q, k_cache, cache_seqlens, block_table, new_len: int, validate: bool, indices) -> None:
+    """The host check of a call's metadata values where it runs (kvcache_impl's doc)."""
+    meta = cache_seqlens if cache_seqlens is not None else indices[0] if indices[0] is not None else indices[1]
+    if meta is not None and (meta.device.type == "cpu" or validate and not kvguard.capturing(meta.device)):
+        paged = block_table is not None
+        capacity = block_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        kvguard.check_values(cache_seqlens, block_table, new_len, capacity, k_cache.shape[0] if paged else 0,
+                             k_cache.shape[1], *indices, k_cache.shape[0])

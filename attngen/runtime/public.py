@@ -2,7 +2,7 @@
 (attngen.runtime.api) and, inside torch.compile, its custom ops (attngen.runtime.ops).
 
 * eager, no gradient wanted: a warm call is one dict lookup (api._FAST; precision="fp8":
-  fp8._FAST), the output allocations and the launches;
+  fp8._FAST; attention_with_kvcache: kvcache._FAST), the output allocations and the launches;
 * eager, a gradient wanted: an autograd Function around the same plans (_EagerAttention);
 * inside torch.compile: the `attngen::attention_fwd` / `attention_bwd` custom ops, whose
   implementations use the same plans.
@@ -278,6 +278,26 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     one device-to-host copy (None: only if ATTNGEN_CHECK_KVCACHE=1; skipped while a CUDA graph is
     captured). See docs/decode.md, "Metadata out of range".
     """
+    key = None
+    if variant is None and mask_mod is None and score_mod is None and sinks is None and not params \
+            and not torch.compiler.is_compiling():
+        try:  # the fast path: a warm call is this lookup, the metadata check where it runs, the launches
+            check = env.check_kvcache() if validate is None else bool(validate)
+            key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(k), _meta(v),
+                   _meta(block_table), _meta(k_descale), _meta(v_descale), _meta(cache_batch_idx),
+                   _meta(cache_leftpad), _meta(rotary_cos), _meta(rotary_sin), rotary_interleaved, causal,
+                   type(causal), window_size, softcap, scale, num_splits, type(num_splits), check, dispatch.override())
+            hit = kvcache._FAST.get(key)
+        except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
+            key = hit = None
+        if hit is not None and not (torch.is_grad_enabled() and _kv_grad(q, k_cache, v_cache, k, v)):
+            plan, new_len, per_token = hit
+            indices = (cache_batch_idx, cache_leftpad)
+            kvcache.check_meta(q, k_cache, cache_seqlens, block_table, new_len, check, indices)
+            rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, per_token)
+            out, lse = plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v,
+                                      None, indices, rotary)
+            return (out, lse) if return_lse else out
     if variant is not None:  # as attention()'s (causal's default here is True: the variant decides)
         causal, window_size, softcap, scale, mask_mod, score_mod = _variant(
             variant, False if causal is True else causal, window_size, softcap, scale, mask_mod, score_mod, params,
@@ -287,7 +307,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
     indices = (cache_batch_idx, cache_leftpad)
     if not isinstance(num_splits, int) or isinstance(num_splits, bool) or not 0 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits: must be an int from 0 (from shapes) to {MAX_SPLITS}, got {num_splits!r}")
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k_cache, v_cache, k, v)):
+    if torch.is_grad_enabled() and _kv_grad(q, k_cache, v_cache, k, v):
         raise ValueError("q: attention_with_kvcache is inference only (no gradient); call it under "
                          "torch.no_grad() or use attention() for training")
     opts = make_options(q.shape[-1], causal, window_size, softcap, scale, "bottom_right", "bshd")
@@ -312,8 +332,18 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
                                          num_splits, k_descale, v_descale, check, indices, rotary)
     else:
         out, lse = kvcache.kvcache_impl(q, k_cache, v_cache, cache_seqlens, k, v, block_table, opts, new_len,
-                                        num_splits, k_descale, v_descale, check, None, indices, rotary)
+                                        num_splits, k_descale, v_descale, check, None, indices, rotary,
+                                        keep=None if key is None else (kvcache._FAST, key))
     return (out, lse) if return_lse else out
+
+
+def _meta(t):
+    """What a warm attention_with_kvcache call's fast-path key holds of a tensor argument."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _kv_grad(*ts) -> bool:
+    return any(t is not None and t.requires_grad for t in ts)
 
 
 def _fp8_attention(q, k, v, causal, window_size, softcap, scale, causal_alignment, layout, return_lse, rotate):
