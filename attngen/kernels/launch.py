@@ -438,7 +438,7 @@ class RawLauncher:
     that needs global scratch memory): those launches keep kernel.run."""
 
     MAX_MAPS = 16  # encoded maps kept per descriptor (a call's buffers recycle a few addresses)
-    __slots__ = ("launcher", "head", "slots", "tail")
+    __slots__ = ("launcher", "head", "slots", "tail", "pick")
 
     @classmethod
     def of(cls, cl: "CompiledLaunch"):
@@ -486,9 +486,18 @@ class RawLauncher:
         if j != len(meta):
             return None
         self.slots, self.tail = tuple(slots), cl.tail
+        # no descriptor: every argument straight from the call's dict, one C-level lookup
+        self.pick = None
+        if all(slot.__class__ is str for slot in slots):
+            self.pick = (operator.itemgetter(*slots) if len(slots) > 1 else
+                         (lambda t, n=slots[0]: (t[n],)) if slots else (lambda t: ()))
         return self
 
     def __call__(self, tensors: dict, stream: int) -> None:
+        if self.pick is not None:
+            h = self.head
+            self.launcher(h[0], h[1], h[2], stream, *h[4:], *self.pick(tensors), *self.tail)
+            return
         args = list(self.head)
         args[3] = stream
         for slot in self.slots:

@@ -12,6 +12,7 @@ attention() calls with a short query and a long KV go through the same plan (Den
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -19,10 +20,10 @@ from attngen.buckets import bucket_of
 from attngen.families import decode as fam_decode
 from attngen.families import family
 from attngen.kernels.common import MAX_SEQLEN
-from attngen.kernels.launch import sm_count
+from attngen.kernels.launch import _hooks_off, sm_count
 from attngen.runtime import dispatch, kvguard, validate
 from attngen.runtime.plan import Dims, Plan
-from attngen.runtime.plans import PlanCache
+from attngen.runtime.plans import PlanCache, aligned
 
 E4M3 = torch.float8_e4m3fn
 
@@ -70,6 +71,14 @@ class DecodePlan(Plan):
         self.out_layout = out_layout
         self.out_shape = (B, sq, hq, dv) if out_layout == "bshd" else (B, hq, sq, dv)
         self.lse_shape = (B, hq, sq)
+        # the split partials (and an unwanted logsumexp) in one allocation once every launch
+        # replays through the raw launcher: byte offsets, 256-byte aligned (run_cache)
+        sizes = [0 if self.num_splits == 1 else 4 * math.prod(sh) for sh in self.part_shapes]
+        sizes.append(4 * math.prod(self.lse_shape))
+        offs = [0]
+        for n in sizes:
+            offs.append(offs[-1] + -(-n // 256) * 256)
+        self.scratch_offsets, self.raw = tuple(offs), False
         out, lse = self.empty()
         op, lp = self.partials()
         self.flags = kvguard.flags(q.device)
@@ -94,18 +103,37 @@ class DecodePlan(Plan):
                 torch.empty(self.part_shapes[1], dtype=torch.float32, device=self.device))
 
     def run_cache(self, q, k_cache, v_cache, cache_seqlens=None, block_table=None, k_descale=None, v_descale=None,
-                  k=None, v=None, extra=None, indices=(None, None), rotary=None):
-        """(out in the plan's layout, lse (B, Hq, Sq)); k / v: the new tokens the plan appends first;
-        extra: an expression call's parameters and sinks by kernel name; indices (cache_batch_idx,
-        cache_leftpad) and rotary (families.decode.Rotary) as the plan was built with."""
-        out, lse = self.empty()
-        op, lp = self.partials()
+                  k=None, v=None, extra=None, indices=(None, None), rotary=None, want_lse: bool = True):
+        """(out in the plan's layout, lse (B, Hq, Sq), or None when not want_lse); k / v: the new
+        tokens the plan appends first; extra: an expression call's parameters and sinks by kernel
+        name; indices (cache_batch_idx, cache_leftpad) and rotary (families.decode.Rotary) as the
+        plan was built with. Once every launch replays through the raw launcher, the split
+        partials (and an unwanted logsumexp) go as addresses in one allocation: four allocations
+        a call cost more host time than the two launches' argument lists."""
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         cos, sin = (rotary.cos, rotary.sin) if rotary else (None, None)
-        self.launch({"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
-                     "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
-                     "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, "CacheBatchIdx": indices[0],
-                     "CacheLeftpad": indices[1], "RotaryCos": cos, "RotarySin": sin, **(extra or {})})
-        return out, lse
+        # the addresses only where every launch takes the raw launcher (Triton's own takes tensors)
+        ok = aligned(q, k_cache, v_cache, k, v, cos, sin)
+        if self.raw and ok and _hooks_off():
+            offs = self.scratch_offsets
+            size = offs[-1] if not want_lse else offs[2]
+            flat = torch.empty(size, dtype=torch.uint8, device=self.device) if size else None
+            base = 0 if flat is None else flat.data_ptr()
+            op, lp = (None, None) if self.num_splits == 1 else (base + offs[0], base + offs[1])
+            lse = (torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if want_lse
+                   else base + offs[2])
+        else:
+            lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+            op, lp = self.partials()
+        tensors = {"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
+                   "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
+                   "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, "CacheBatchIdx": indices[0],
+                   "CacheLeftpad": indices[1], "RotaryCos": cos, "RotarySin": sin, **(extra or {})}
+        for launch in self.launches:  # no TMA descriptor in the decode kernels (Plan.launch's check)
+            launch(tensors, ok)
+        if not self.raw:
+            self.raw = all(la.ready for la in self.launches) and not self.tma
+        return out, (lse if want_lse else None)
 
 
 class DensePlan:
@@ -121,7 +149,7 @@ class DensePlan:
         return getattr(self.__dict__["plan"], name)
 
     def run(self, q, k, v, cu_q=None, cu_k=None, want_lse=True):
-        return self.plan.run_cache(*_bshd(q, k, v, self.layout))
+        return self.plan.run_cache(*_bshd(q, k, v, self.layout), want_lse=want_lse)
 
 
 def _bshd(q, k, v, layout: str):

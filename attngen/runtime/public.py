@@ -296,7 +296,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
             kvcache.check_meta(q, k_cache, cache_seqlens, block_table, new_len, check, indices)
             rotary = None if rotary_cos is None else Rotary(rotary_cos, rotary_sin, rotary_interleaved, per_token)
             out, lse = plan.run_cache(q, k_cache, v_cache, cache_seqlens, block_table, k_descale, v_descale, k, v,
-                                      None, indices, rotary)
+                                      None, indices, rotary, want_lse=bool(return_lse))
             return (out, lse) if return_lse else out
     if variant is not None:  # as attention()'s (causal's default here is True: the variant decides)
         causal, window_size, softcap, scale, mask_mod, score_mod = _variant(

@@ -90,3 +90,42 @@ def test_bf16_tma_plan_replays_raw():
         finally:
             _restore(plan, saved, raw)
         assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("paged, splits, want_lse", [(False, 4, False), (False, 4, True), (True, 3, False),
+                                                     (False, 1, False)])
+def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want_lse):
+    """attention_with_kvcache's warm calls (its fast path, kvcache._FAST): both launches through
+    the raw launcher without descriptor slots (one C-level pick of the arguments), the split
+    partials and an unwanted logsumexp as addresses in one allocation; bit for bit against the
+    same plan through Triton's launcher with tensors, on fresh queries and lengths."""
+    from attngen.runtime import kvcache
+
+    B, Hq, Hkv, S, D = 2, 16, 4, 1008, 128
+    shape = (B * S // 16, 16, Hkv, D) if paged else (B, S, Hkv, D)
+    kc, vc = random_inputs(shape, shape, dtype=torch.bfloat16, device=DEV, seed=1)
+    table = torch.randperm(B * S // 16, device=DEV).to(torch.int32).reshape(B, S // 16) if paged else None
+    kvcache._FAST.clear()
+
+    def call(seed):
+        q, = random_inputs((B, 1, Hq, D), dtype=torch.bfloat16, device=DEV, seed=seed)
+        lens = torch.tensor([700 + seed, 900 - seed], dtype=torch.int32, device=DEV)
+        return attngen.attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=splits,
+                                              return_lse=want_lse)
+
+    with torch.no_grad():
+        call(2), call(3)
+        (plan, _, _), = kvcache._FAST.values()
+        assert plan.raw and plan.num_splits == splits
+        assert all(la.raw is not None and la.raw.pick is not None for la in plan.launches)
+        for seed in range(4, 8):
+            got = call(seed)
+            saved, raw = _without_raw(plan)
+            try:
+                want = call(seed)
+            finally:
+                _restore(plan, saved, raw)
+            if want_lse:
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {seed}"
+            else:
+                assert torch.equal(got, want), f"seed {seed}"
