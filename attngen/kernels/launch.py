@@ -486,12 +486,18 @@ class RawLauncher:
         if j != len(meta):
             return None
         self.slots, self.tail = tuple(slots), cl.tail
-        # no descriptor: every argument straight from the call's dict, one C-level lookup
-        self.pick = None
-        if all(slot.__class__ is str for slot in slots):
-            self.pick = (operator.itemgetter(*slots) if len(slots) > 1 else
-                         (lambda t, n=slots[0]: (t[n],)) if slots else (lambda t: ()))
+        self.pick = self.picker(self.slots)
         return self
+
+    @staticmethod
+    def picker(slots: tuple):
+        """Where no slot is a descriptor: a function of the call's dict giving every argument in
+        one C-level lookup (a tuple); else None (__call__ walks the slots)."""
+        if not all(slot.__class__ is str for slot in slots):
+            return None
+        if len(slots) > 1:
+            return operator.itemgetter(*slots)
+        return (lambda t, n=slots[0]: (t[n],)) if slots else (lambda t: ())
 
     def __call__(self, tensors: dict, stream: int) -> None:
         if self.pick is not None:

@@ -125,7 +125,32 @@ def _raw(make_arg, dtype=torch.bfloat16):
                             "desc_q")
     r.slots = (("Q", {}, enc), "Out")
     r.tail = (3, 4)
+    r.pick = L.RawLauncher.picker(r.slots)
+    assert r.pick is None  # a descriptor slot: the slots are walked
     return r, got
+
+
+@pytest.mark.parametrize("slots", [("Q", "Out", "Lse"), ("Out",), ()])
+def test_raw_launcher_without_descriptors_picks_the_same_arguments(slots):
+    """With no descriptor slot the arguments come from the call's dict in one lookup: the C
+    launcher gets what walking the slots gives (head with the call's stream, each pointer as
+    given, tensor or integer address, then the bound scalars)."""
+    from attngen.kernels import launch as L
+
+    got = []
+    r = object.__new__(L.RawLauncher)
+    r.launcher = lambda *args: got.append(args)
+    r.head = (7, 1, 1, None, "function", False, False, None, None, "packed", None, None, None)
+    r.slots, r.tail = slots, (3, 4)
+    tensors = {"Q": torch.zeros(2), "Out": 0x7F0000, "Lse": torch.ones(3), "Unused": None}
+    r.pick = L.RawLauncher.picker(slots)
+    assert r.pick is not None
+    r(tensors, 99)
+    r.pick = None
+    r(tensors, 99)
+    assert len(got) == 2 and len(got[0]) == 13 + len(slots) + 2
+    assert all(a is b for a, b in zip(got[0], got[1])) and got[0][3] == 99
+    assert all(x is tensors[n] for x, n in zip(got[0][13:], slots)) and got[0][-2:] == (3, 4)
 
 
 def test_raw_launcher_encodes_a_descriptor_once_per_address():
