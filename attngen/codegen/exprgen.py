@@ -186,14 +186,8 @@ def _separated(g: X.Node, c: float):
     """(k, query terms, key terms) where g * c == k * (sum of the query terms + sum of the key
     terms), k free of tile indices, the terms (sign, integer node) each free of one index; else
     None."""
-    if isinstance(g, X.Neg):
-        return _separated(g.a, -c)
-    k, w = X.const(c), g
-    if isinstance(g, X.Bin) and g.op == "*" and g.ty == X.FLOAT:
-        for u, v in ((g.a, g.b), (g.b, g.a)):
-            if not XC._uses_any(u, _TILE_INDICES):
-                k, w = X.Bin(X.FLOAT, "*", u, X.const(c)), v
-                break
+    u, c, w = _factor(g, c)
+    k = X.const(c) if u is None else X.Bin(X.FLOAT, "*", u, X.const(c))
     if w.ty != X.INT or XC._uses_any(k, _TILE_INDICES):
         return None
     terms = []
@@ -266,13 +260,22 @@ def _additive(node: X.Node):
 def _scaled(g: X.Node, c: float) -> X.Node:
     """g * c, c multiplied into a factor of g that is the same across the tile (no tile index in
     it) where g is such a product, so that it costs one multiply a program."""
+    u, c, w = _factor(g, c)
+    if u is None:
+        return X.Bin(X.FLOAT, "*", w, X.const(c))
+    return X.Bin(X.FLOAT, "*", X.Bin(X.FLOAT, "*", u, X.const(c)), w)
+
+
+def _factor(g: X.Node, c: float):
+    """(u, c', w) with g * c == u * c' * w, u a factor of g free of tile indices (None: no such
+    factor, g * c == c' * w), negations moved into c'."""
     if isinstance(g, X.Neg):
-        return _scaled(g.a, -c)
+        return _factor(g.a, -c)
     if isinstance(g, X.Bin) and g.op == "*" and g.ty == X.FLOAT:
         for u, w in ((g.a, g.b), (g.b, g.a)):
             if not XC._uses_any(u, _TILE_INDICES):
-                return X.Bin(X.FLOAT, "*", X.Bin(X.FLOAT, "*", u, X.const(c)), w)
-    return X.Bin(X.FLOAT, "*", g, X.const(c))
+                return u, c, w
+    return None, c, g
 
 
 def gluon(code: str, on: bool = True) -> str:
