@@ -13,7 +13,7 @@ import triton
 from attngen.families.base import WS_MAXNREG, Family, require_valid
 from attngen.families.bwd_config import (  # noqa: F401 (the family's names, here as before)
     SHORT_WINDOW, SPACE, TARGET_SPACES, WS_BWD_CONSUMER_REGS, WS_BWD_DEFAULT, WS_BWD_DEFAULT_HD64,
-    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
+    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_TWO_TILE, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
     bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs
@@ -41,8 +41,8 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
-        ws_descs = tma_descriptors(*_ws_views(cfg, q, k, v, dout, dk, dv, packed))
-    if cfg.dq_consumers and gluon_ok:
+        ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed))
+    if cfg.dq_consumers and gluon_ok and has_entry(mod, "_attn_bwd_dq_ws"):
         dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
     cfg = bwd_triton_fallback(cfg, dkdv=ws_descs is None, dq=dq_ws_descs is None)
@@ -136,29 +136,34 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
 
 
 def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:
-    """(views, block shapes) of Gluon descriptors: (short name, tensor name, tensor, rows) each,
-    one head-dim tile wide; "gluon": their shared-memory layouts follow (tma_descriptors)."""
+    """(views, block shapes) of Gluon descriptors: (short name, tensor name, tensor, rows, tiles)
+    each, one descriptor per head-dim column tile of `tiles` (a module's QK_TILES / V_TILES:
+    desc_q for one tile, desc_q0, desc_q1, ... for more); "gluon": their shared-memory layouts
+    follow (tma_descriptors)."""
     views, blocks = {}, {}
-    for short, name, tensor, rows in entries:
-        views[f"desc_{short}"] = (name, descriptor_view(tensor, packed))
-        blocks[f"desc_{short}"] = ([1, 1, rows, tensor.shape[-1]], "gluon")
+    for short, name, tensor, rows, tiles in entries:
+        for param, (_, width) in zip(tile_names(f"desc_{short}", tiles), tiles):
+            views[param] = (name, descriptor_view(tensor, packed))
+            blocks[param] = ([1, 1, rows, width], "gluon")
     return views, blocks
 
 
-def _ws_views(cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
+def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
-    one consumer's keys (all block_n with roles)."""
+    one consumer's keys (all block_n with roles), per head-dim column tile."""
     n = cfg.block_n if cfg.roles else cfg.block_n // cfg.consumers
-    return _gluon_views(packed, ("q", "Q", q, cfg.block_m), ("do", "DO", dout, cfg.block_m), ("k", "K", k, n),
-                        ("v", "V", v, n), ("dk", "DK", dk, n), ("dv", "DV", dv, n))
+    qt, vt = mod.QK_TILES, mod.V_TILES
+    return _gluon_views(packed, ("q", "Q", q, cfg.block_m, qt), ("do", "DO", dout, cfg.block_m, vt),
+                        ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt))
 
 
 def _dq_ws_views(cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dQ pass's descriptors: Q, dO, dQ in one consumer's rows, K and V in ring slots of
     dq_block_n keys."""
     m = cfg.dq_block_m // cfg.dq_consumers
-    return _gluon_views(packed, ("q", "Q", q, m), ("do", "DO", dout, m), ("dq", "DQ", dq, m),
-                        ("k", "K", k, cfg.dq_block_n), ("v", "V", v, cfg.dq_block_n))
+    one = ((0, q.shape[-1]),)  # one tile: the pass exists for one head-dim tile only
+    return _gluon_views(packed, ("q", "Q", q, m, one), ("do", "DO", dout, m, one), ("dq", "DQ", dq, m, one),
+                        ("k", "K", k, cfg.dq_block_n, one), ("v", "V", v, cfg.dq_block_n, one))
 
 
 def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False,
