@@ -13,7 +13,7 @@ import triton
 from attngen.families.base import WS_MAXNREG, Family, require_valid
 from attngen.families.bwd_config import (  # noqa: F401 (the family's names, here as before)
     SHORT_WINDOW, SPACE, TARGET_SPACES, WS_BWD_CONSUMER_REGS, WS_BWD_DEFAULT, WS_BWD_DEFAULT_HD64,
-    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_TWO_TILE, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
+    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
     bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs
@@ -42,8 +42,8 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
         ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed))
-    if cfg.dq_consumers and gluon_ok and has_entry(mod, "_attn_bwd_dq_ws"):
-        dq_ws_descs = tma_descriptors(*_dq_ws_views(cfg, q, k, v, dout, dq, packed))
+    if cfg.dq_consumers and gluon_ok:
+        dq_ws_descs = tma_descriptors(*_dq_ws_views(mod, cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
     cfg = bwd_triton_fallback(cfg, dkdv=ws_descs is None, dq=dq_ws_descs is None)
     require_valid(spec, cfg, check_bwd)
@@ -157,13 +157,13 @@ def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bo
                         ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt))
 
 
-def _dq_ws_views(cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:
+def _dq_ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dQ pass's descriptors: Q, dO, dQ in one consumer's rows, K and V in ring slots of
-    dq_block_n keys."""
+    dq_block_n keys, per head-dim column tile."""
     m = cfg.dq_block_m // cfg.dq_consumers
-    one = ((0, q.shape[-1]),)  # one tile: the pass exists for one head-dim tile only
-    return _gluon_views(packed, ("q", "Q", q, m, one), ("do", "DO", dout, m, one), ("dq", "DQ", dq, m, one),
-                        ("k", "K", k, cfg.dq_block_n, one), ("v", "V", v, cfg.dq_block_n, one))
+    qt, vt = mod.QK_TILES, mod.V_TILES
+    return _gluon_views(packed, ("q", "Q", q, m, qt), ("do", "DO", dout, m, vt), ("dq", "DQ", dq, m, qt),
+                        ("k", "K", k, cfg.dq_block_n, qt), ("v", "V", v, cfg.dq_block_n, vt))
 
 
 def _tma_views(mod: ModuleType, tensors: dict, rows_m: int, rows_n: int, dq_pass: bool = False,

@@ -73,9 +73,9 @@ def ws_dq_takes(spec: KernelSpec) -> bool:
     return not (grad_terms(spec) or exact_d(spec))
 
 
-# The Gluon dK/dV pass's head dims. 80, 96 and 192 run as two column tiles (64 + 16, 64 + 32,
-# 128 + 64: a matmul over the head dim chains one wgmma per tile); the Gluon dQ pass takes one
-# tile only (64, 128), so those keep the Triton TMA dQ pass
+# The Gluon passes' head dims. 80, 96 and 192 run as two column tiles (64 + 16, 64 + 32, 128 + 64:
+# a matmul over the head dim chains one wgmma per tile, an accumulator over it is one per tile);
+# the dQ pass holds Q and dO in registers up to hd128, so hd192 / hd256 keep the Triton TMA dQ pass
 WS_BWD_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 
 
@@ -139,9 +139,6 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     if cfg.dq_consumers and wide:
         return ("dq_consumers: the Gluon dQ pass holds Q and dO in registers, up to head dim 128 "
                 "(wider ones keep the Triton dQ pass)")
-    if cfg.dq_consumers and len(spec.head_chunks("qk")) > 1:
-        return ("dq_consumers: the Gluon dQ pass takes head dims of one column tile (64, 128); "
-                f"{spec.head_dim_qk} keeps the Triton dQ pass")
     if cfg.dq_consumers:
         if cfg.dq_block_m != 64 * cfg.dq_consumers or cfg.dq_num_warps != 4:
             return ("dq_consumers: each consumer is one warp group of 64 query rows "
@@ -238,10 +235,6 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 # TFLOP/s backward-only for the split Triton dK / dV launches; on hd128 roles lose to the default
 # (causal 368 vs 448, GQA 32/8 399 vs 429; h200_ab_bwd_roles_2026-12-01.json)
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
-# hd80 / hd96 (two column tiles: 64 + 16, 64 + 32): the Gluon dK/dV pass as at hd128 and the
-# Triton TMA dQ pass on 64 x 64 tiles with 4 warps, the dQ tiles the Triton table had for hd96
-# (hd192 takes WS_BWD_ROLES; measurements: docs/defaults.md)
-WS_BWD_TWO_TILE = BwdConfig(64, 128, 4, 2, 64, 64, 4, 2, tma=True, consumers=2)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 # Expression kernels' defaults on the Gluon passes. H100, forward+backward ms beside the Triton
@@ -276,8 +269,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     tma = spec.target == "sm90"
     short = expr_short_reach(spec)
     if tma and not (spec.has_expr and not WS_EXPR_DEFAULT):
-        ws = (WS_BWD_ROLES if d > 128 else WS_BWD_TWO_TILE if len(spec.head_chunks("qk")) > 1
-              else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64)
+        ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if spec.has_expr and not ws_dq_takes(spec):
             ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks
         if check_bwd(spec, ws) is None:

@@ -526,8 +526,8 @@ def _causal_bwd_call(hq: int, hkv: int, seqlen: int, d: int):
 
 def test_warp_specialized_backward_is_generated_where_it_exists():
     """sm90 backward kernels of head dim 64 / 128 (and 256) without softcapping carry the Gluon dK/dV and dQ
-    passes (WS_BWD), packed documents too (descriptors per document); the two-tile head dims 80, 96
-    and 192 the dK/dV pass only; softcapping, other head dims and sm80 do not import Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
+    passes (WS_BWD), packed documents too (descriptors per document), and so do the two-tile head
+    dims 80, 96 and 192; softcapping, other head dims and sm80 do not import Gluon. On CPU tensors the launcher gives such a config to the Triton kernels (the interpreter
     does not run Gluon), with the fallback's tiles; asked for Gluon (as the compile probe does),
     it launches both Gluon passes."""
     from attngen.codegen.render import render
@@ -549,7 +549,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
         assert "WS_BWD = False" in text and "gluon" not in text, other
     for d in (80, 96, 192):
         text = render(dense.replace(head_dim_qk=d, head_dim_v=d))
-        assert "WS_BWD = True" in text and "\ndef _attn_bwd_dkdv_ws(" in text and "_attn_bwd_dq_ws" not in text, d
+        assert "WS_BWD = True" in text and "\ndef _attn_bwd_dkdv_ws(" in text and "\ndef _attn_bwd_dq_ws(" in text, d
 
     q, k, v, bufs, args = _causal_bwd_call(4, 1, 33, 128)
     mod = loader.load(dense)
@@ -566,14 +566,13 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
     assert dkdv.values["ROLES"] is False
 
 
-@pytest.mark.parametrize("d, cfg_name, widths", [(96, "WS_BWD_DEFAULT_HD64", (64, 32)),
-                                                  (80, "WS_BWD_DEFAULT_HD64", (64, 16)),
-                                                  (192, "WS_BWD_ROLES", (128, 64))])
-def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, widths):
-    """Head dims of two column tiles (80, 96, 192): the Gluon dK/dV pass gets one descriptor per
-    tensor and tile (desc_q0 / desc_q1, ..., as wide as the tiles, rows as the one-tile pass has
-    them) and the Triton TMA dQ pass runs beside it; the Gluon dQ pass (one tile) is refused by the
-    validity filter with its reason, so a config asking for it never reaches a launch."""
+@pytest.mark.parametrize("d, cfg_name, widths, dq_pass", [(96, "WS_BWD_DEFAULT", (64, 32), "_attn_bwd_dq_ws"),
+                                                           (80, "WS_BWD_DEFAULT_HD64", (64, 16), "_attn_bwd_dq_tma"),
+                                                           (192, "WS_BWD_ROLES", (128, 64), "_attn_bwd_dq_tma")])
+def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, widths, dq_pass):
+    """Head dims of two column tiles (80, 96, 192): the Gluon passes get one descriptor per tensor
+    and tile (desc_q0 / desc_q1, ..., as wide as the tiles, rows as the one-tile passes have them);
+    the dQ pass is the Gluon one where the config asks for it (up to hd128), else the Triton TMA one."""
     from attngen import configs
     from attngen.families.bwd import bwd_launches
     from attngen.runtime import loader
@@ -582,19 +581,23 @@ def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, wid
     cfg = getattr(configs, cfg_name)
     spec = KernelSpec("bwd", "bf16", "sm90", d, d, 2, "causal")
     assert configs.check_bwd(spec, cfg) is None
-    why = configs.check_bwd(spec, dataclasses.replace(cfg, dq_consumers=2, dq_block_m=128, dq_block_n=64,
-                                                      dq_num_warps=4, dq_num_stages=3))
-    assert why is not None and ("one column tile" in why or (d > 128 and "up to head dim 128" in why)), why
     q, k, v, bufs, args = _causal_bwd_call(4, 2, 200, d)
     mod = loader.load(spec)
     assert tuple(w for _, w in mod.QK_TILES) == widths
     _, dkdv, dq = bwd_launches(mod, spec, q, k, v, *bufs, args, cfg, False, gluon=True)
-    assert (dkdv.fn.__name__, dq.fn.__name__) == ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")
+    assert (dkdv.fn.__name__, dq.fn.__name__) == ("_attn_bwd_dkdv_ws", dq_pass)
     keys = cfg.block_n if cfg.roles else cfg.block_n // cfg.consumers
-    for short, rows in (("q", cfg.block_m), ("do", cfg.block_m), ("k", keys), ("v", keys), ("dk", keys), ("dv", keys)):
-        assert f"desc_{short}" not in dkdv.descriptors
-        for i, width in enumerate(widths):
-            assert dkdv.descriptors[f"desc_{short}{i}"][3] == [1, 1, rows, width], (short, i, dkdv.descriptors[f"desc_{short}{i}"])
+    rows_dq = cfg.dq_block_m // max(cfg.dq_consumers, 1)
+    want = {"_attn_bwd_dkdv_ws": {"q": cfg.block_m, "do": cfg.block_m, "k": keys, "v": keys, "dk": keys, "dv": keys},
+            "_attn_bwd_dq_ws": {"q": rows_dq, "do": rows_dq, "dq": rows_dq, "k": cfg.dq_block_n, "v": cfg.dq_block_n},
+            "_attn_bwd_dq_tma": {"q": cfg.dq_block_m, "do": cfg.dq_block_m, "dq": cfg.dq_block_m,
+                                 "k": cfg.dq_block_n, "v": cfg.dq_block_n}}
+    for la in (dkdv, dq):
+        for short, rows in want[la.fn.__name__].items():
+            assert f"desc_{short}" not in la.descriptors
+            for i, width in enumerate(widths):
+                got = la.descriptors[f"desc_{short}{i}"]
+                assert got[3] == [1, 1, rows, width], (la.fn.__name__, short, i, got)
 
 
 def test_backward_with_split_roles_launches_one_program_per_64_keys():

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock, Timeout
 
-from attngen.configs import WS_BWD_DEFAULT, WS_BWD_ROLES, WS_BWD_TWO_TILE, WS_DEFAULT, WS_DEFAULT_WIDE, WS_DOCS
+from attngen.configs import WS_BWD_DEFAULT, WS_BWD_ROLES, WS_DEFAULT, WS_DEFAULT_WIDE, WS_DOCS
 from attngen.env import REPO_ROOT
 
 
@@ -148,8 +148,8 @@ PAIRED_FORWARDS = [(128, "causal"), (256, "sliding_window")]
 ONE_CONSUMER_FORWARDS = [(128, "WS_MAXNREG_ONE"), (256, "WS_MAXNREG")]
 WS_BACKWARDS = [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)]
 ROLES_BACKWARDS = [("causal", 1), ("sliding_window", 2)]
-# head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on the Gluon dK/dV pass: its default
-# there (two consumers up to hd128, split roles at hd192)
+# head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on the Gluon passes: their defaults
+# there (two consumers and the Gluon dQ pass up to hd128, split roles and the Triton TMA dQ pass at hd192)
 TWO_TILE_BACKWARDS = [(80, "causal", 1), (96, "sliding_window", 2), (192, "causal", 2)]
 EXPR = ["--mask-expr", "((kv_idx <= q_idx) and (((q_idx - kv_idx) < 96) or (kv_idx < 4)))",
         "--score-expr", "((score + bias[h, min(abs((kv_idx - q_idx)), 31)]) - (slope[h] * abs((q_idx - kv_idx))))",
@@ -184,8 +184,8 @@ PROBES: dict[str, list[tuple[str, ...]]] = {
          "--also", "consumers=2", "--also", "roles=True") for mask, gqa in ROLES_BACKWARDS],
     "test_two_tile_backward_compiles_without_spilling": [
         ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa),
-         "--config", _bwd_tiles(WS_BWD_ROLES if hd > 128 else WS_BWD_TWO_TILE), "--also", "consumers=2",
-         *(("--also", "roles=True") if hd > 128 else ())) for hd, mask, gqa in TWO_TILE_BACKWARDS],
+         "--config", _bwd_tiles(WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT), "--also", "consumers=2",
+         *(("--also", "roles=True") if hd > 128 else ("--also", "dq_consumers=2"))) for hd, mask, gqa in TWO_TILE_BACKWARDS],
     "test_expression_kernels_compile_for_sm90": [
         ("fwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2", "--also", "tma=True", *EXPR),
         ("bwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2,64,64,4,2", "--also", "tma=True", *EXPR)],
@@ -324,26 +324,29 @@ def test_backward_with_split_roles_compiles_without_spilling_at_hd256(probed, ma
 
 @pytest.mark.parametrize("hd, mask, gqa", TWO_TILE_BACKWARDS)
 def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa):
-    """The Gluon dK/dV pass at head dims of two column tiles: one wgmma per tile, as wide as the
-    tile (n16 / n32 / n64 beside the 64- or 128-wide one), under the 168-register launch cap with
-    nothing spilled; the two-consumer form keeps dP^T in flight during P^T's exp2 (wait_group 2:
-    dP^T is two chained wgmmas); its shared memory is the model's up to barriers."""
+    """The Gluon passes at head dims of two column tiles: one wgmma per tile, as wide as the tile
+    (n16 / n32 / n64 beside the 64- or 128-wide one), under the 168-register launch cap with
+    nothing spilled. Up to hd128 the dK/dV pass keeps dP^T in flight during P^T's exp2
+    (wait_group 2: dP^T is two chained wgmmas) and the dQ pass keeps dP and the previous block's
+    dQ update in flight (wait_group 4); the dK/dV pass's shared memory is the model's up to
+    barriers and alignment."""
     from attngen.spec import KernelSpec
     from attngen.configs import WS_MAXNREG, bwd_smem_bytes
 
-    c = WS_BWD_ROLES if hd > 128 else WS_BWD_TWO_TILE
+    c = WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT
     args = ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", _bwd_tiles(c),
-            "--also", "consumers=2", *(("--also", "roles=True") if hd > 128 else ()))
+            "--also", "consumers=2", *(("--also", "roles=True") if hd > 128 else ("--also", "dq_consumers=2")))
     runs = probed(*args)
-    (dkdv,) = [r for r in runs if r["kernel"] == "_attn_bwd_dkdv_ws"]
-    assert [r["kernel"] for r in runs if r is not dkdv] == ["_attn_bwd_dq_tma"], runs
-    assert dkdv["registers"] <= WS_MAXNREG and dkdv["spill_stores"] == 0, dkdv
+    by = {r["kernel"]: r for r in runs}
+    assert set(by) == {"_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma" if hd > 128 else "_attn_bwd_dq_ws"}, runs
     narrow = {80: 16, 96: 32, 192: 64}[hd]
-    assert any(f"m64n{narrow}k16" in w for w in dkdv["wgmma"]), dkdv["wgmma"]
+    for r in runs:  # the Gluon passes under their launch cap (the Triton dQ pass has none)
+        assert r["registers"] <= (WS_MAXNREG if r["kernel"].endswith("_ws") else 255) and r["spill_stores"] == 0, r
+        assert any(f"m64n{narrow}k16" in w for w in r["wgmma"]), r["wgmma"]
     if hd <= 128:
-        assert 2 in dkdv["wait_groups"], dkdv
-    spec = KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask)
-    want = bwd_smem_bytes(spec, c)[0]
+        assert 2 in by["_attn_bwd_dkdv_ws"]["wait_groups"] and 4 in by["_attn_bwd_dq_ws"]["wait_groups"], runs
+    dkdv = by["_attn_bwd_dkdv_ws"]
+    want = bwd_smem_bytes(KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask), c)[0]
     # up to barriers, the stat rows and the alignment of each tile's buffers (measured: 1080-1120 B)
     assert want <= dkdv["shared_bytes"] <= want + 2048, (want, dkdv)
 
