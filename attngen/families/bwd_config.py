@@ -136,9 +136,9 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     if cfg.dq_consumers and not ws_dq_takes(spec):
         return ("dq_consumers: the Gluon dQ pass sums no gradients of learnable parameters or sinks "
                 "(the Triton dQ pass does)")
-    if cfg.dq_consumers and wide:
-        return ("dq_consumers: the Gluon dQ pass holds Q and dO in registers, up to head dim 128 "
-                "(wider ones keep the Triton dQ pass)")
+    if cfg.dq_consumers and max(spec.head_dim_qk, spec.head_dim_v) > 192:
+        return ("dq_consumers: the Gluon dQ pass's Q, dO and K / V ring do not fit shared memory past "
+                "head dim 192 (hd256 keeps the Triton dQ pass)")
     if cfg.dq_consumers:
         if cfg.dq_block_m != 64 * cfg.dq_consumers or cfg.dq_num_warps != 4:
             return ("dq_consumers: each consumer is one warp group of 64 query rows "

@@ -148,9 +148,16 @@ PAIRED_FORWARDS = [(128, "causal"), (256, "sliding_window")]
 ONE_CONSUMER_FORWARDS = [(128, "WS_MAXNREG_ONE"), (256, "WS_MAXNREG")]
 WS_BACKWARDS = [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)]
 ROLES_BACKWARDS = [("causal", 1), ("sliding_window", 2)]
-# head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on the Gluon passes: their defaults
-# there (two consumers and the Gluon dQ pass up to hd128, split roles and the Triton TMA dQ pass at hd192)
+# head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on both Gluon passes (two consumers
+# up to hd128, split roles at hd192; the dQ pass on 128 query rows of 64-key blocks)
 TWO_TILE_BACKWARDS = [(80, "causal", 1), (96, "sliding_window", 2), (192, "causal", 2)]
+
+
+def _two_tile_args(hd: int, mask: str, gqa: int) -> tuple[str, ...]:
+    c = WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT
+    tiles = f"{c.block_m},{c.block_n},{c.num_warps},{c.num_stages},128,64,4,2"
+    return ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", tiles, "--also", "consumers=2",
+            "--also", "dq_consumers=2", *(("--also", "roles=True") if hd > 128 else ()))
 EXPR = ["--mask-expr", "((kv_idx <= q_idx) and (((q_idx - kv_idx) < 96) or (kv_idx < 4)))",
         "--score-expr", "((score + bias[h, min(abs((kv_idx - q_idx)), 31)]) - (slope[h] * abs((q_idx - kv_idx))))",
         "--param", "bias:hx32:fp32:learnable", "--param", "slope:h:fp32:learnable", "--sinks"]
@@ -182,10 +189,7 @@ PROBES: dict[str, list[tuple[str, ...]]] = {
     "test_backward_with_split_roles_compiles_without_spilling_at_hd256": [
         ("bwd", "--hd", "256", "--mask", mask, "--gqa", str(gqa), "--config", _bwd_tiles(WS_BWD_ROLES),
          "--also", "consumers=2", "--also", "roles=True") for mask, gqa in ROLES_BACKWARDS],
-    "test_two_tile_backward_compiles_without_spilling": [
-        ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa),
-         "--config", _bwd_tiles(WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT), "--also", "consumers=2",
-         *(("--also", "roles=True") if hd > 128 else ("--also", "dq_consumers=2"))) for hd, mask, gqa in TWO_TILE_BACKWARDS],
+    "test_two_tile_backward_compiles_without_spilling": [_two_tile_args(*case) for case in TWO_TILE_BACKWARDS],
     "test_expression_kernels_compile_for_sm90": [
         ("fwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2", "--also", "tma=True", *EXPR),
         ("bwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2,64,64,4,2", "--also", "tma=True", *EXPR)],
@@ -326,29 +330,35 @@ def test_backward_with_split_roles_compiles_without_spilling_at_hd256(probed, ma
 def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa):
     """The Gluon passes at head dims of two column tiles: one wgmma per tile, as wide as the tile
     (n16 / n32 / n64 beside the 64- or 128-wide one), under the 168-register launch cap with
-    nothing spilled. Up to hd128 the dK/dV pass keeps dP^T in flight during P^T's exp2
-    (wait_group 2: dP^T is two chained wgmmas) and the dQ pass keeps dP and the previous block's
-    dQ update in flight (wait_group 4); the dK/dV pass's shared memory is the model's up to
-    barriers and alignment."""
+    nothing spilled. The dK/dV pass keeps dP^T in flight during P^T's exp2 up to hd128
+    (wait_group 2: dP^T is two chained wgmmas); the dQ pass keeps dP and the previous block's dQ
+    update in flight (wait_group 4), with Q and dO as register operands up to hd128 and read from
+    shared memory at hd192. The dK/dV pass's shared memory is the model's up to barriers and
+    alignment."""
+    import dataclasses
+
     from attngen.spec import KernelSpec
     from attngen.configs import WS_MAXNREG, bwd_smem_bytes
 
-    c = WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT
-    args = ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", _bwd_tiles(c),
-            "--also", "consumers=2", *(("--also", "roles=True") if hd > 128 else ("--also", "dq_consumers=2")))
-    runs = probed(*args)
+    runs = probed(*_two_tile_args(hd, mask, gqa))
     by = {r["kernel"]: r for r in runs}
-    assert set(by) == {"_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma" if hd > 128 else "_attn_bwd_dq_ws"}, runs
+    assert set(by) == {"_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"}, runs
     narrow = {80: 16, 96: 32, 192: 64}[hd]
-    for r in runs:  # the Gluon passes under their launch cap (the Triton dQ pass has none)
-        assert r["registers"] <= (WS_MAXNREG if r["kernel"].endswith("_ws") else 255) and r["spill_stores"] == 0, r
+    for r in runs:
+        assert r["registers"] <= WS_MAXNREG and r["spill_stores"] == 0, r
         assert any(f"m64n{narrow}k16" in w for w in r["wgmma"]), r["wgmma"]
+    assert 4 in by["_attn_bwd_dq_ws"]["wait_groups"], runs
     if hd <= 128:
-        assert 2 in by["_attn_bwd_dkdv_ws"]["wait_groups"] and 4 in by["_attn_bwd_dq_ws"]["wait_groups"], runs
-    dkdv = by["_attn_bwd_dkdv_ws"]
-    want = bwd_smem_bytes(KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask), c)[0]
+        assert 2 in by["_attn_bwd_dkdv_ws"]["wait_groups"], runs
+    # S = Q.K^T: Q from registers up to hd128, from shared memory past it
+    assert (f"m64n64k16 A from {'registers' if hd <= 128 else 'shared'}" in by["_attn_bwd_dq_ws"]["wgmma"]), runs
+    c = dataclasses.replace(WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT, dq_block_m=128, dq_block_n=64,
+                            dq_num_warps=4, dq_num_stages=2, dq_consumers=2)
+    spec = KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask)
+    dkdv_want, dq_want = bwd_smem_bytes(spec, c)
     # up to barriers, the stat rows and the alignment of each tile's buffers (measured: 1080-1120 B)
-    assert want <= dkdv["shared_bytes"] <= want + 2048, (want, dkdv)
+    assert dkdv_want <= by["_attn_bwd_dkdv_ws"]["shared_bytes"] <= dkdv_want + 2048, (dkdv_want, runs)
+    assert dq_want <= by["_attn_bwd_dq_ws"]["shared_bytes"] <= dq_want + 2048, (dq_want, runs)
 
 
 def test_expression_kernels_compile_for_sm90(probed):
