@@ -448,13 +448,13 @@ def test_lse_scratch_does_not_leak_into_returned_lse():
 
 def test_window_backward_default_follows_the_call_window():
     """The sliding-window backward's default tiles depend on the window the call asks for (short
-    windows take 32-query dK/dV steps, long or unknown ones the 64-query default; hd64 / hd128 take
-    the Gluon passes whatever the window), and the runtime passes the call's window through
+    windows take 32-query dK/dV steps, long or unknown ones the 64-query default; the Gluon head
+    dims take the Gluon passes whatever the window), and the runtime passes the call's window through
     Options.window."""
     from attngen.runtime import dispatch
     from attngen.buckets import bucket_of
 
-    spec = KernelSpec("bwd", "fp16", "sm90", 96, 96, 4, "sliding_window")  # not in the shipped DB
+    spec = KernelSpec("bwd", "fp16", "sm90", 112, 112, 4, "sliding_window")  # not in the shipped DB, not Gluon
     bucket = bucket_of(8192, 8192, 32)
     picks = {w: dispatch.select_config(spec, "0" * 16, "h100", bucket, w) for w in (1025, 4097, None)}
     assert all(src == "default" for _, src in picks.values())

@@ -232,11 +232,12 @@ def test_triton_fallback_of_the_warp_specialized_forward():
 
 
 def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
-    """sm90 backward calls of head dim 64 / 128 / 256 without softcapping, dense or packed documents,
-    take the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the Triton dQ pass, which
-    won there; hd256 the dK/dV pass with split roles and the Triton dQ pass); softcapping, other head
-    dims, sm80 and the CPU do not."""
-    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT), (256, space.WS_BWD_ROLES)):
+    """sm90 backward calls of head dim 64 / 80 / 96 / 128 / 192 / 256 without softcapping, dense or
+    packed documents, take the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the
+    Triton dQ pass, which won there; hd192 / hd256 the dK/dV pass with split roles and the Triton dQ
+    pass); softcapping, other head dims, sm80 and the CPU do not."""
+    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT),
+                    (128, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES), (256, space.WS_BWD_ROLES)):
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
             assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
@@ -247,8 +248,8 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     assert space.default_bwd_config(docs.replace(head_dim_qk=256, head_dim_v=256), "cuda") == space.WS_BWD_ROLES
     assert space.WS_BWD_ROLES.roles and space.WS_BWD_ROLES.dq_consumers == 0
     for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
-              KernelSpec("bwd", "bf16", "sm90", 96, 96, 1, "causal"),
-              KernelSpec("bwd", "bf16", "sm90", 192, 192, 1, "causal"),
+              KernelSpec("bwd", "bf16", "sm90", 112, 112, 1, "causal"),
+              KernelSpec("bwd", "bf16", "sm90", 160, 160, 1, "causal"),
               KernelSpec("bwd", "bf16", "sm80", 128, 128, 1, "causal")):
         cfg = space.default_bwd_config(s, "cuda")
         assert cfg.consumers == cfg.dq_consumers == 0, s
@@ -282,7 +283,9 @@ def test_check_bwd_warp_specialized_backward(change, reason):
     (256, dict(roles=False, block_n=128), "consumers: past head dim 128 the Gluon dK/dV pass needs roles"),
     (256, dict(block_n=128), "roles: both consumers own the program's 64 keys"),
     (256, dict(num_warps=8), "roles: both consumers own the program's 64 keys"),
-    (256, dict(dq_consumers=2, dq_block_m=128), "dq_consumers: the Gluon dQ pass holds Q and dO in registers"),
+    (256, dict(dq_consumers=2, dq_block_m=128), "dq_consumers: the Gluon dQ pass's Q, dO and K / V ring do not fit"),
+    (192, dict(dq_consumers=2, dq_block_m=128), None),  # Q and dO read from shared memory there
+    (192, dict(dq_consumers=2, dq_block_m=128, dq_num_stages=3), "dQ: needs ~"),
     (256, dict(num_stages=3), "dK/dV: needs ~"),  # K, V, P^T and three 64-row Q / dO slots
     (128, dict(consumers=0, dq_consumers=0), "roles splits the Gluon dK/dV pass's work"),
     (128, dict(), None),  # a knob there too (it loses to the default on hd128)
