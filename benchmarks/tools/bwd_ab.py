@@ -57,6 +57,7 @@ CONFIG_CASES = [
     ("window4096 gqa32/8 B1 S8192 hd128", 1, 32, 8, 8192, 128, True, 4096),
     ("causal B4 H16 S4096 hd192", 4, 16, 16, 4096, 192, True),
     ("causal B4 H32 S4096 hd80", 4, 32, 32, 4096, 80, True),
+    ("causal B1 H16 S16384 hd128", 1, 16, 16, 16384, 128, True),
 ]
 
 
