@@ -236,8 +236,9 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     packed documents, take the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the
     Triton dQ pass, which won there; hd192 / hd256 the dK/dV pass with split roles and the Triton dQ
     pass); softcapping, other head dims, sm80 and the CPU do not."""
-    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT),
-                    (128, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES), (256, space.WS_BWD_ROLES)):
+    two_tile = ((80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES))
+    for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT), (256, space.WS_BWD_ROLES),
+                    *(two_tile if space.WS_BWD_TWO_TILE_DEFAULT else ())):
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
             assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
@@ -247,6 +248,8 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     assert space.default_bwd_config(docs, "cuda") == space.WS_BWD_DEFAULT  # packed documents too
     assert space.default_bwd_config(docs.replace(head_dim_qk=256, head_dim_v=256), "cuda") == space.WS_BWD_ROLES
     assert space.WS_BWD_ROLES.roles and space.WS_BWD_ROLES.dq_consumers == 0
+    for d, want in two_tile:  # valid there whether or not they are the default
+        assert space.check_bwd(KernelSpec("bwd", "bf16", "sm90", d, d, 4, "causal"), want) is None, d
     for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
               KernelSpec("bwd", "bf16", "sm90", 112, 112, 1, "causal"),
               KernelSpec("bwd", "bf16", "sm90", 160, 160, 1, "causal"),
