@@ -205,7 +205,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--mask", default="causal", choices=("none", "causal", "sliding_window"))
     ap.add_argument("--gqa", type=int, default=1)
-    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd only: two of 1024 tokens)")
+    ap.add_argument("--varlen", action="store_true", help="packed documents (fwd, bwd: two of 1024 tokens)")
     ap.add_argument("--config", required=True, help="M,N,W,S (bwd: M,N,W,S,dqM,dqN,dqW,dqS)")
     ap.add_argument("--also", action="append", default=[], help="config field=value (tma=True is implied)")
     ap.add_argument("--switch", action="append", default=[], help="codegen option name=value")
@@ -290,6 +290,13 @@ def launches_for(args: argparse.Namespace) -> tuple[KernelSpec, object, dict, li
         launches = fwd_launches(mod, spec, *packed, torch.empty(Hq, S), margs, cfg, cu, cu, S // 2, gluon=True)
     elif args.family == "fwd":
         launches = fwd_launches(mod, spec, q, k, v, out, lse, margs, cfg, gluon=True, extra=extra)
+    elif args.varlen:  # the backward over the same two packed documents
+        pq, pk, pv, po = (t[0].transpose(0, 1).contiguous() for t in (q, k, v, out))
+        plse = torch.empty(Hq, S)
+        cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
+        launches = bwd_launches(mod, spec, pq, pk, pv, po, torch.empty_like(po), plse, torch.empty_like(plse),
+                                torch.empty_like(pq), torch.empty_like(pk), torch.empty_like(pv), margs, cfg,
+                                bool(cfg.atomic_dq), cu, cu, S // 2, S // 2, gluon=True, extra=extra)[1:]
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
                                 torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,

@@ -150,14 +150,16 @@ WS_BACKWARDS = [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)]
 ROLES_BACKWARDS = [("causal", 1), ("sliding_window", 2)]
 # head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on both Gluon passes (two consumers
 # up to hd128, split roles at hd192; the dQ pass on 128 query rows of 64-key blocks)
-TWO_TILE_BACKWARDS = [(80, "causal", 1), (96, "sliding_window", 2), (192, "causal", 2)]
+# (packed documents: the per-document descriptors and masked pointer stores, per tile)
+TWO_TILE_BACKWARDS = [(80, "causal", 1, False), (96, "sliding_window", 2, False), (192, "causal", 2, False),
+                      (96, "causal", 4, True), (192, "causal", 2, True)]
 
 
-def _two_tile_args(hd: int, mask: str, gqa: int) -> tuple[str, ...]:
+def _two_tile_args(hd: int, mask: str, gqa: int, varlen: bool) -> tuple[str, ...]:
     c = WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT
     tiles = f"{c.block_m},{c.block_n},{c.num_warps},{c.num_stages},128,64,4,2"
     return ("bwd", "--hd", str(hd), "--mask", mask, "--gqa", str(gqa), "--config", tiles, "--also", "consumers=2",
-            "--also", "dq_consumers=2", *(("--also", "roles=True") if hd > 128 else ()))
+            "--also", "dq_consumers=2", *(("--also", "roles=True") if hd > 128 else ()), *(("--varlen",) if varlen else ()))
 EXPR = ["--mask-expr", "((kv_idx <= q_idx) and (((q_idx - kv_idx) < 96) or (kv_idx < 4)))",
         "--score-expr", "((score + bias[h, min(abs((kv_idx - q_idx)), 31)]) - (slope[h] * abs((q_idx - kv_idx))))",
         "--param", "bias:hx32:fp32:learnable", "--param", "slope:h:fp32:learnable", "--sinks"]
@@ -326,8 +328,8 @@ def test_backward_with_split_roles_compiles_without_spilling_at_hd256(probed, ma
     assert want <= dkdv["shared_bytes"] <= want + 1024, (want, dkdv)
 
 
-@pytest.mark.parametrize("hd, mask, gqa", TWO_TILE_BACKWARDS)
-def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa):
+@pytest.mark.parametrize("hd, mask, gqa, varlen", TWO_TILE_BACKWARDS)
+def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa, varlen):
     """The Gluon passes at head dims of two column tiles: one wgmma per tile, as wide as the tile
     (n16 / n32 / n64 beside the 64- or 128-wide one), under the 168-register launch cap with
     nothing spilled. The dK/dV pass keeps dP^T in flight during P^T's exp2 up to hd128
@@ -340,7 +342,7 @@ def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa):
     from attngen.spec import KernelSpec
     from attngen.configs import WS_MAXNREG, bwd_smem_bytes
 
-    runs = probed(*_two_tile_args(hd, mask, gqa))
+    runs = probed(*_two_tile_args(hd, mask, gqa, varlen))
     by = {r["kernel"]: r for r in runs}
     assert set(by) == {"_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"}, runs
     narrow = {80: 16, 96: 32, 192: 64}[hd]
@@ -354,7 +356,7 @@ def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa):
     assert (f"m64n64k16 A from {'registers' if hd <= 128 else 'shared'}" in by["_attn_bwd_dq_ws"]["wgmma"]), runs
     c = dataclasses.replace(WS_BWD_ROLES if hd > 128 else WS_BWD_DEFAULT, dq_block_m=128, dq_block_n=64,
                             dq_num_warps=4, dq_num_stages=2, dq_consumers=2)
-    spec = KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask)
+    spec = KernelSpec("bwd", "bf16", "sm90", hd, hd, gqa, mask, varlen=varlen)
     dkdv_want, dq_want = bwd_smem_bytes(spec, c)
     # up to barriers, the stat rows and the alignment of each tile's buffers (measured: 1080-1120 B)
     assert dkdv_want <= by["_attn_bwd_dkdv_ws"]["shared_bytes"] <= dkdv_want + 2048, (dkdv_want, runs)
