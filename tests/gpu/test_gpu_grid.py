@@ -120,6 +120,9 @@ BWD_PATHS = [
     Path("bwd:gluon", "bwd", (space.WS_BWD_DEFAULT,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
     Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
+    # split roles beside the Gluon dQ pass (hd192: Q and dO read from shared memory; up to hd128 in registers)
+    Path("bwd:gluon-roles-dq", "bwd", (dataclasses.replace(space.WS_BWD_ROLES, dq_consumers=2, dq_block_m=128),),
+         ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
 ]
 SM80_PATHS = [
     Path("sm80:default", "fwd", (), ("_attn_fwd", "_attn_bwd_dkdv"), target="sm80"),
