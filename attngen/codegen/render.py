@@ -135,8 +135,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     # +4-5 %, hd128 up to -24 % under spills; benchmarks/README.md)
     dp_first = {"auto": spec.pad_qk <= 64, "on": True, "off": False}[options.get("dp_first", "auto")]
     doc_guard = _doc_guard(spec, options.get("doc_guard", "auto"))
-    # the Triton forward TMA kernel's program order: "grouped" (the blocks of one (batch, head) or
-    # document side by side, sharing K / V in L2) or "lpt" (every one's heaviest block first)
+    # the Triton forward TMA kernel's and the Gluon backward passes' program order: "grouped" (the
+    # blocks of one (batch, head) or document side by side, sharing K / V in L2) or "lpt" (every
+    # one's heaviest block first; measured for the backward: docs/hopper_recipe.md, item 7)
     tile_order = options.get("tile_order", "grouped")
     # the Triton dQ passes under a mask: heaviest query blocks (the last ones) first
     dq_reverse = {"on": True, "off": False}[options.get("dq_reverse", "off")]

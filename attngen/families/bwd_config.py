@@ -121,6 +121,11 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
     if not cfg.tma or cfg.atomic_dq:
         return "consumers / dq_consumers need tma and a dQ pass of its own (not atomic_dq)"
     wide = max(spec.head_dim_qk, spec.head_dim_v) > 128
+    if spec.varlen and len(spec.head_chunks("qk")) > 1:
+        # one forced GPU grid case failed there (hd96, packed documents, split roles beside the
+        # Gluon dQ pass, H100, 2026-12-06; its log did not come back) while the dense ones passed
+        return ("consumers / dq_consumers: packed documents at a two-tile head dim (80, 96, 192) keep the "
+                "Triton passes (a GPU correctness case failed there, not yet understood)")
     if cfg.consumers:
         if cfg.split_dkdv:
             return "consumers: the Gluon dK/dV pass computes dK and dV in one launch (no split_dkdv)"

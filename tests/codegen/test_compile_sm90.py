@@ -150,9 +150,9 @@ WS_BACKWARDS = [(128, "causal", 4), (64, "none", 1), (128, "sliding_window", 1)]
 ROLES_BACKWARDS = [("causal", 1), ("sliding_window", 2)]
 # head dims of two column tiles (64 + 16, 64 + 32, 128 + 64) on both Gluon passes (two consumers
 # up to hd128, split roles at hd192; the dQ pass on 128 query rows of 64-key blocks)
-# (packed documents: the per-document descriptors and masked pointer stores, per tile)
-TWO_TILE_BACKWARDS = [(80, "causal", 1, False), (96, "sliding_window", 2, False), (192, "causal", 2, False),
-                      (96, "causal", 4, True), (192, "causal", 2, True)]
+# (and the one-tile passes over packed documents, hd128: the probe's packed backward; the two-tile
+# head dims keep the Triton passes there, check_ws_bwd)
+TWO_TILE_BACKWARDS = [(80, "causal", 1, False), (96, "sliding_window", 2, False), (192, "causal", 2, False)]
 
 
 def _two_tile_args(hd: int, mask: str, gqa: int, varlen: bool) -> tuple[str, ...]:
@@ -192,6 +192,9 @@ PROBES: dict[str, list[tuple[str, ...]]] = {
         ("bwd", "--hd", "256", "--mask", mask, "--gqa", str(gqa), "--config", _bwd_tiles(WS_BWD_ROLES),
          "--also", "consumers=2", "--also", "roles=True") for mask, gqa in ROLES_BACKWARDS],
     "test_two_tile_backward_compiles_without_spilling": [_two_tile_args(*case) for case in TWO_TILE_BACKWARDS],
+    "test_packed_documents_backward_compiles_without_spilling": [
+        ("bwd", "--hd", "128", "--gqa", "4", "--mask", "causal", "--varlen", "--config", _bwd_tiles(WS_BWD_DEFAULT),
+         "--also", "consumers=2", "--also", "dq_consumers=2")],
     "test_expression_kernels_compile_for_sm90": [
         ("fwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2", "--also", "tma=True", *EXPR),
         ("bwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2,64,64,4,2", "--also", "tma=True", *EXPR)],
@@ -361,6 +364,19 @@ def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa, varl
     # up to barriers, the stat rows and the alignment of each tile's buffers (measured: 1080-1120 B)
     assert dkdv_want <= by["_attn_bwd_dkdv_ws"]["shared_bytes"] <= dkdv_want + 2048, (dkdv_want, runs)
     assert dq_want <= by["_attn_bwd_dq_ws"]["shared_bytes"] <= dq_want + 2048, (dq_want, runs)
+
+
+def test_packed_documents_backward_compiles_without_spilling(probed):
+    """Both Gluon backward passes over packed documents (descriptors made per document in the
+    kernel, masked pointer stores), hd128 GQA 4, their default config: under the launch cap, no
+    spills."""
+    from attngen.configs import WS_MAXNREG
+
+    runs = probed("bwd", "--hd", "128", "--gqa", "4", "--mask", "causal", "--varlen", "--config",
+                  _bwd_tiles(WS_BWD_DEFAULT), "--also", "consumers=2", "--also", "dq_consumers=2")
+    assert [r["kernel"] for r in runs] == ["_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"], runs
+    for r in runs:
+        assert r["registers"] <= WS_MAXNREG and r["spill_stores"] <= 32, r
 
 
 def test_expression_kernels_compile_for_sm90(probed):
