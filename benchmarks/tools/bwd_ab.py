@@ -15,6 +15,9 @@ the forward's FLOPs (the backward's five matmuls).
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 9 --rounds 5 --config ...
                                  # the variants timed in turn, 5 rounds (ms: the median of the
                                  # rounds' medians; ms_rounds: each round's)
+    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 8 --kernel-times --config ...
+                                 # also each kernel's device time (torch.profiler, mean of 5
+                                 # calls: kernel_us) and their sum (kernels_us), beside ms
 """
 
 from __future__ import annotations
@@ -96,6 +99,22 @@ def config_over(base: BwdConfig, text: str) -> BwdConfig:
     return dataclasses.replace(base, **fields)
 
 
+def kernel_times(run, calls: int = 5) -> dict:
+    """Device microseconds per call of each kernel `run` launches (torch.profiler, mean of `calls`
+    calls): what the kernels take, without the host's launch path or gaps between launches."""
+    run()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+    out: dict = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA:
+            out[ev.name] = out.get(ev.name, 0.0) + ev.device_time_total / calls
+    return out
+
+
 def kernel_stats(mod, spec, q, k, v, out, dout, lse, margs, cfg) -> dict:
     """Registers and spills of each compiled kernel of `cfg` (one more run of the backward)."""
     delta = torch.empty_like(lse)
@@ -125,6 +144,8 @@ def main():
                          "set (e.g. split_dkdv=True)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time the variants in turn this many times (alternated in one process)")
+    ap.add_argument("--kernel-times", action="store_true",
+                    help="also each kernel's device time (torch.profiler over 5 calls, after the rounds)")
     args = ap.parse_args()
     switches = [{}]
     for sw in args.switch:
@@ -207,6 +228,10 @@ def main():
         for rec, _ in timed:
             rec["ms"] = sorted(rec["ms_rounds"])[len(rec["ms_rounds"]) // 2]
             rec["tflops"] = flops / rec["ms"] / 1e9
+        if args.kernel_times:
+            for rec, run in timed:
+                rec["kernel_us"] = kernel_times(run)
+                rec["kernels_us"] = sum(rec["kernel_us"].values())
         for rec in row["results"]:
             print(name, rec, flush=True)
         rows.append(row)
