@@ -75,7 +75,8 @@ def ws_dq_takes(spec: KernelSpec) -> bool:
 
 # The Gluon passes' head dims. 80, 96 and 192 run as two column tiles (64 + 16, 64 + 32, 128 + 64:
 # a matmul over the head dim chains one wgmma per tile, an accumulator over it is one per tile);
-# the dQ pass holds Q and dO in registers up to hd128, so hd192 / hd256 keep the Triton TMA dQ pass
+# the dQ pass holds Q and dO in registers up to hd128, reads them from shared memory at hd192, and
+# does not fit shared memory at hd256 (check_ws_bwd)
 WS_BWD_HEAD_DIMS = (64, 80, 96, 128, 192, 256)
 
 
