@@ -268,6 +268,8 @@ def launches_for(args: argparse.Namespace) -> tuple[KernelSpec, object, dict, li
     _, wl, wr = mask_kind(causal, wsz)
     margs = MaskArgs(scale=1 / math.sqrt(D), softcap=0.0, window_left=wl, window_right=wr,
                      align_top_left=False)
+    # the backward's dQ: with atomic_dq the fp32 buffer the dK/dV pass adds into (attn_bwd's dq_acc)
+    dq_dtype = torch.float32 if args.family == "bwd" and cfg.atomic_dq else q.dtype
     if args.family == "fwd_fp8":  # the prologue (Q rotated, and not), then the attention launch (dense)
         # with programmatic dependent launch, as an sm90 GPU runs them (fwd_fp8.pdl)
         # and last the attention launch that quantizes Q itself (attention(precision="fp8")'s)
@@ -295,11 +297,11 @@ def launches_for(args: argparse.Namespace) -> tuple[KernelSpec, object, dict, li
         plse = torch.empty(Hq, S)
         cu = torch.tensor([0, S // 2, S], dtype=torch.int32)
         launches = bwd_launches(mod, spec, pq, pk, pv, po, torch.empty_like(po), plse, torch.empty_like(plse),
-                                torch.empty_like(pq), torch.empty_like(pk), torch.empty_like(pv), margs, cfg,
+                                torch.empty_like(pq, dtype=dq_dtype), torch.empty_like(pk), torch.empty_like(pv), margs, cfg,
                                 bool(cfg.atomic_dq), cu, cu, S // 2, S // 2, gluon=True, extra=extra)[1:]
     else:
         launches = bwd_launches(mod, spec, q, k, v, out, torch.empty_like(out), lse, torch.empty_like(lse),
-                                torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), margs, cfg,
+                                torch.empty_like(q, dtype=dq_dtype), torch.empty_like(k), torch.empty_like(v), margs, cfg,
                                 bool(cfg.atomic_dq), gluon=True, extra=extra)[1:]
     return spec, cfg, switch, launches, tmp
 

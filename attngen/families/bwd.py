@@ -37,8 +37,10 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
-    gluon_ok = (has_entry(mod, "_attn_bwd_dkdv_ws") and cfg.tma and not atomic and not wide and q.numel() > 0
-                and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
+    # atomic: only a dK/dV pass rendered with dQ += dS.K inside (codegen option ws_dq=atomic)
+    gluon_ok = (has_entry(mod, "_attn_bwd_dkdv_ws") and cfg.tma and not wide and q.numel() > 0 and k.numel() > 0
+                and (not atomic or "ATOMIC_DQ" in roles(mod, "_attn_bwd_dkdv_ws"))
+                and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
         ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed))

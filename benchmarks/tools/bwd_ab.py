@@ -15,6 +15,10 @@ the forward's FLOPs (the backward's five matmuls).
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 9 --rounds 5 --config ...
                                  # the variants timed in turn, 5 rounds (ms: the median of the
                                  # rounds' medians; ms_rounds: each round's)
+    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 0,2 --switch ws_dq=pass,atomic \
+        --config 64,128,4,2,consumers=2,atomic_dq=True
+                                 # each config under each codegen option (here the Gluon dK/dV pass
+                                 # with dQ += dS.K inside, against the default and the Triton atomics)
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 8 --kernel-times --config ...
                                  # also each kernel's device time (torch.profiler, mean of 5
                                  # calls: kernel_us) and their sum (kernels_us), beside ms
@@ -181,9 +185,9 @@ def main():
             ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
             pairs = S * S / (2 if causal else 1)
         flops = 2.5 * 4 * B * H * pairs * D
-        if args.config:
+        if args.config:  # with --switch: every config under every codegen option
             d = default_bwd_config(bspec)
-            variants = [({}, d)] + [({}, config_over(d, c)) for c in args.config]
+            variants = [(sw, c) for sw in switches for c in [d] + [config_over(d, c) for c in args.config]]
         elif args.switch:
             variants = [(sw, default_bwd_config(bspec)) for sw in switches]
         elif args.configs:
