@@ -159,6 +159,8 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # global stores by width (st.global.b8 ... v4.b32): a byte store where 16 bytes were possible
     # (a store whose contiguity or mask the compiler cannot prove) shows here
     rep["global_stores"] = dict(sorted(Counter(re.findall(r"\bst\.global\.((?:v\d\.)?b\d+)", ptx)).items()))
+    # global atomic adds by operand ("v2.f32": two fp32 adds in one instruction), atom and red alike
+    rep["global_atomics"] = dict(sorted(Counter(re.findall(r"\b(?:atom|red)\.global\.(?:\w+\.)*?add\.(?:noftz\.)?((?:v\d\.)?[fbsu]\d+)", ptx)).items()))
     # programmatic dependent launch: the launch attribute, and the grid-dependency instructions
     # in the PTX in their order ("wait": before reading the previous kernel's outputs,
     # "launch_dependents": the next kernel may start), with the line of the first global read
