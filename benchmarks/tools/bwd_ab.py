@@ -15,10 +15,11 @@ the forward's FLOPs (the backward's five matmuls).
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 9 --rounds 5 --config ...
                                  # the variants timed in turn, 5 rounds (ms: the median of the
                                  # rounds' medians; ms_rounds: each round's)
-    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 0,2 --switch ws_dq=pass,atomic \
-        --config 64,128,4,2,consumers=2,atomic_dq=True
-                                 # each config under each codegen option (here the Gluon dK/dV pass
-                                 # with dQ += dS.K inside, against the default and the Triton atomics)
+    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 0,2 --switch ws_dq=pass,atomic,pair \
+        --config 64,128,4,2,consumers=2,dq_consumers=0,atomic_dq=True
+                                 # the default, then each config under each codegen option (here the
+                                 # Gluon dK/dV pass with dQ += dS.K inside, two ways, against the
+                                 # default and the Triton atomics the config falls back to)
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 8 --kernel-times --config ...
                                  # also each kernel's device time (torch.profiler, mean of 5
                                  # calls: kernel_us) and their sum (kernels_us), beside ms
@@ -185,9 +186,9 @@ def main():
             ref = torch.autograd.grad(F.scaled_dot_product_attention(*sub, is_causal=causal), sub, dout[:1, :2].float())
             pairs = S * S / (2 if causal else 1)
         flops = 2.5 * 4 * B * H * pairs * D
-        if args.config:  # with --switch: every config under every codegen option
+        if args.config:  # with --switch: the default, then every config under every codegen option
             d = default_bwd_config(bspec)
-            variants = [(sw, c) for sw in switches for c in [d] + [config_over(d, c) for c in args.config]]
+            variants = [({}, d)] + [(sw, config_over(d, c)) for sw in switches for c in args.config]
         elif args.switch:
             variants = [(sw, default_bwd_config(bspec)) for sw in switches]
         elif args.configs:
