@@ -161,6 +161,10 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     rep["global_stores"] = dict(sorted(Counter(re.findall(r"\bst\.global\.((?:v\d\.)?b\d+)", ptx)).items()))
     # global atomic adds by operand ("v2.f32": two fp32 adds in one instruction), atom and red alike
     rep["global_atomics"] = dict(sorted(Counter(re.findall(r"\b(?:atom|red)\.global\.(?:\w+\.)*?add\.(?:noftz\.)?((?:v\d\.)?[fbsu]\d+)", ptx)).items()))
+    # global atomics in program order as "scope.semantics.op" ("gpu.acq_rel.add": a release of this
+    # program's earlier stores, an acquire of others'), and the global loads that bypass L1 (.cg)
+    rep["atomic_ops"] = [".".join(m) for m in re.findall(r"\batom\.global\.(\w+)\.(\w+)\.(\w+)\.", ptx)]
+    rep["cg_loads"] = len(re.findall(r"\bld\.global\.cg\.", ptx))
     # programmatic dependent launch: the launch attribute, and the grid-dependency instructions
     # in the PTX in their order ("wait": before reading the previous kernel's outputs,
     # "launch_dependents": the next kernel may start), with the line of the first global read

@@ -128,7 +128,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
     "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
     "tile_order": "grouped" | "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off",
-    "fp8_rot_tile": 0 | 64 | ..., "ws_dq": "pass" | "atomic" | "pair"}; the build always uses the defaults."""
+    "fp8_rot_tile": 0 | 64 | ..., "ws_dq": "pass" | "atomic" | "pair",
+    "decode_combine": "launch" | "fused"}; the build always uses the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
     # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64
@@ -181,6 +182,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # memory first (one set of reduce-adds)
         "ws_dq_atomic": options.get("ws_dq", "pass") in ("atomic", "pair"),
         "ws_dq_pair": options.get("ws_dq", "pass") == "pair" and not spec.mask_expr,
+        # the split decode kernel merges a row's splits in its last program to finish (a counter per
+        # row, no combine launch): "fused"; the build renders "launch"
+        "decode_fused": options.get("decode_combine", "launch") == "fused",
         # expressions (attngen.codegen.exprgen): the fragments' helper and this spec's names; the
         # sm90 TMA / Gluon kernels take no expressions yet (the pointer kernels serve them)
         "xg": exprgen,

@@ -164,7 +164,7 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
                     cfg: DecodeConfig, num_splits: int, split_len: int, cache_seqlens=None, block_table=None,
                     new_len: int = 0, k_descale=None, v_descale=None, use_pdl: bool | None = None,
                     flags=None, k_new=None, v_new=None, extra=None, cache_batch_idx=None, cache_leftpad=None,
-                    rotary=None) -> list:
+                    rotary=None, counter=None) -> list:
     """q (B, Sq, Hq, D) and out (B, Sq, Hq, Dv) any strides with unit head-dim stride; caches
     (B, S_max, Hkv, D) or paged (num_pages, page_size, Hkv, D), page_size a multiple of 16, with
     block_table (B, max_pages) int32; lse (B, Hq, Sq) fp32; out_part / lse_part fp32 scratch of
@@ -181,7 +181,9 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     the cache row of each batch row (the caches may have any number of rows); cache_leftpad (B,)
     int32, the cache position of each row's first key. rotary (Rotary): RoPE of the new keys and of
     q at flash-attn's positions (the template's comment); seqlen_ro must cover capacity + max(0,
-    Sq - new_len) positions."""
+    Sq - new_len) positions. A module rendered with decode_combine=fused merges a split call's
+    splits in the split kernel (no combine launch): counter, an int32 (B * Hkv,) tensor of zeros
+    that the kernel leaves at zero (None: a fresh one), counts each row's finished splits."""
     require_valid_decode(spec, cfg)
     check_layout_args(q, k_cache, block_table, new_len, cache_batch_idx, cache_leftpad, rotary)
     if flags is None:
@@ -238,12 +240,20 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         # with rotary, no FMA: the new keys are rotated and rounded as PyTorch's fp32 ops would
         launches.append(Launch.of(mod, "_attn_decode_append", programs(new_len * hkv, B, "k") if B else 0, append,
                                   1, 1, fp_fusion=rotary is None))
+    block_s = max(2, 1 << (num_splits - 1).bit_length())
+    fused = "Counter" in dict(mod.ABI["_attn_decode"])
+    if fused:
+        if counter is None and split:
+            import torch
+
+            counter = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
+        values.update({"Counter": counter, "BLOCK_S": block_s, "PDL": False})
     launches.append(Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages))
-    if split:
+    if split and not fused:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",
                                           "stride_lz", "stride_lh", "stride_lm", "num_kv_heads", "seqlen_q",
                                           "num_splits", "GQA", "BLOCK_M", "PDL")}
-        combine["BLOCK_S"] = max(2, 1 << (num_splits - 1).bit_length())
+        combine["BLOCK_S"] = block_s
         launches.append(Launch.of(mod, "_attn_decode_combine", B * hkv if grid else 0, combine, 4, 1,
                                   pdl=use_pdl))
     return launches

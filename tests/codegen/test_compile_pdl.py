@@ -25,6 +25,7 @@ SCRIPT = textwrap.dedent("""
 
     spec = KernelSpec("decode", "bf16", "sm90", 128, 128, 4, "causal")
     mod = loader.load(spec)
+    # MODULE
     B, hq, hkv, cap, d = 1, 8, 2, 4096, 128
     q = torch.empty(B, 1, hq, d, dtype=torch.bfloat16)
     k = torch.empty(B, cap, hkv, d, dtype=torch.bfloat16)
@@ -66,3 +67,31 @@ def test_decode_split_combine_with_programmatic_dependent_launch():
     assert all(not r["values_pdl"] and not r["pdl"] and r["griddepcontrol"] == [] for r in out["None"]), out
     # one split: no combine launch, nothing to let start early
     assert [r["values_pdl"] for r in out["one"]] == [False] and not out["one"][0]["pdl"], out
+
+
+# the same call through a module rendered with decode_combine=fused
+FUSED_SCRIPT = SCRIPT.replace("# MODULE", """from attngen.codegen.render import render
+path = Path(tempfile.mkdtemp()) / "fused.py"
+path.write_text(render(spec, options={"decode_combine": "fused"}))
+mod = loader.load_path(path)""")
+
+
+
+def test_decode_fused_merge_is_one_launch_with_a_release_acquire_counter():
+    """decode_combine=fused (a codegen option for A/B runs): a split call is one launch, without
+    programmatic dependent launch; each program's partial stores precede one gpu-scope acq_rel
+    increment of its row's counter, the merging program reads the partials past L1 (.cg) and
+    resets the counter (relaxed exchange); nothing spills."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    res = subprocess.run([sys.executable, "-c", FUSED_SCRIPT], capture_output=True, text=True, env=env,
+                         cwd=REPO_ROOT, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+    import json
+
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["splits"] > 1, out
+    (run,) = out["True"]
+    assert run["kernel"] == "_attn_decode" and not run["pdl"] and run["griddepcontrol"] == [], run
+    assert [r["kernel"] for r in out["None"]] == ["_attn_decode"], out
+    assert run["atomic_ops"] == ["gpu.acq_rel.add", "gpu.relaxed.exch"], run
+    assert run["cg_loads"] > 0 and run["spill_stores"] == 0, run

@@ -92,12 +92,37 @@ def test_paged_walk_against_float64(block_n, page):
     _check_case(("bf16", 2, 2, 4, 2, 64, 520, True, (300, -1), 0.0, page, 4), block_n=block_n)
 
 
-def _check_case(case, block_n):
+# (case, block_n): split calls, contiguous and paged, GQA-packed rows, a window
+FUSED = [(("bf16", 3, 1, 8, 2, 64, 203, True, (-1, -1), 0.0, 0, 3), 32),
+         (("fp16", 2, 4, 8, 1, 128, 211, True, (60, -1), 0.0, 16, 4), 32)]
+
+
+@pytest.mark.parametrize("case, block_n", FUSED, ids=[_name(c) for c, _ in FUSED])
+def test_fused_merge_matches_float64_and_leaves_the_counters_at_zero(case, block_n, tmp_path):
+    """decode_combine=fused (a codegen option): the split kernel's last program of each row merges
+    the row's splits (a counter per row, no combine launch). Against float64 as the two-launch
+    form, run twice on one counter tensor, which the kernel leaves at zero each time."""
+    from attngen.codegen.render import render
+
+    dt = case[0]
+    spec = KernelSpec("decode", dt, "sm80", case[5], case[5], case[3] // case[4],
+                      mask_kind(case[7], case[8])[0], False, False)
+    path = tmp_path / "fused.py"
+    path.write_text(render(spec, options={"decode_combine": "fused"}))
+    mod = loader.load_path(path)
+    counter = torch.zeros(case[1] * case[4], dtype=torch.int32)
+    for _ in range(2):
+        launches = _check_case(case, block_n, mod=mod, counter=counter)
+        assert [la.fn.__name__ for la in launches] == ["_attn_decode"]
+        assert not counter.any(), counter
+
+
+def _check_case(case, block_n, mod=None, counter=None):
     dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = case
     dtype = DTYPES[dt]
     mask, wl, wr = mask_kind(causal, window)
     spec = KernelSpec("decode", dt, "sm80", d, d, hq // hkv, mask, softcap > 0, False)
-    mod = loader.load(spec)
+    mod = mod or loader.load(spec)
     k_cache, v_cache, table = make_cache(B, cap, hkv, d, dtype, page, seed=1)
     q, = random_inputs((B, sq, hq, d), dtype=dtype, seed=2, mults=[3.0 if softcap else 1.0])
     capacity = table.shape[1] * page if page else cap
@@ -112,8 +137,9 @@ def _check_case(case, block_n):
     op, lp = torch.full(op_shape, float("nan")), torch.full(lp_shape, float("nan"))
     scale = 1.0 / math.sqrt(d)
     margs = MaskArgs(scale, softcap, wl, wr, False)
-    for la in fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp, margs, cfg, n, split_len,
-                                 seqlens, table):
+    launches = fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp, margs, cfg, n, split_len,
+                                  seqlens, table, counter=counter)
+    for la in launches:
         la.run()
     kr, vr = rows_view(k_cache, table, B), rows_view(v_cache, table, B)
     o64, l64 = reference(q, kr, vr, lens, causal, window, softcap, scale)
@@ -122,6 +148,7 @@ def _check_case(case, block_n):
     assert_lse_close(_name(case) + " lse", lse, l64)
     if splits > 1:
         assert 1 < n <= splits  # forced: that many slices, fewer when block_n rounding covers the keys sooner
+    return launches
 
 
 def test_splits_come_from_shapes_only():
