@@ -1,0 +1,99 @@
+"""GPU: kernel forms that only a codegen option renders (A/B candidates, not the build's), checked
+before they are timed. The Gluon dK/dV pass with dQ += dS.K inside (ws_dq=atomic / pair) against
+float64 on odd shapes with the flash-attn rule (gradients <= 3x PyTorch's same-precision error),
+gradients poisoned with NaN first; the decode family's fused merge (decode_combine=fused) against
+the combine launch on many splits, call after call on one counter tensor, which stays at zero."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attngen.codegen.render import render
+from attngen.configs import BwdConfig, default_fwd_config
+from attngen.families import decode as fd
+from attngen.families.bwd import attn_bwd
+from attngen.families.fwd import attn_fwd
+from attngen.kernels.common import MaskArgs
+from attngen.runtime import loader
+from attngen.problem import attention_ref
+from attngen.spec import KernelSpec
+from attngen.testing import assert_flash_rule
+
+pytestmark = pytest.mark.gpu
+DQ_INSIDE = BwdConfig(64, 128, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, atomic_dq=True)
+# (B, Hq, Hkv, Sq, Sk, head dim, causal)
+SHAPES = [(2, 8, 2, 113, 203, 128, True), (1, 8, 2, 1023, 1024, 128, True), (2, 8, 2, 203, 113, 128, True),
+          (1, 4, 4, 200, 777, 128, False), (1, 8, 8, 1023, 1023, 64, True)]
+
+
+def _variant(spec: KernelSpec, options: dict, tmp_path):
+    path = tmp_path / f"{spec.uri}_{'_'.join(f'{k}-{v}' for k, v in options.items())}.py"
+    path.write_text(render(spec, options=options))
+    return loader.load_path(path)
+
+
+def _grads(q, k, v, do, scale, causal, upcast):
+    """dQ, dK, dV of attngen.problem.attention_ref (float64, or the inputs' precision: the flash-attn
+    rule's budget), bottom-right causal."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out, _ = attention_ref(*leaves, causal=causal, scale=scale, upcast=upcast)
+    return torch.autograd.grad(out, leaves, do.to(out.dtype))
+
+
+@pytest.mark.parametrize("form", ["atomic", "pair"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_h{}x{}_q{}_k{}_hd{}{}".format(*s[:6], "_causal" * s[6]))
+def test_dkdv_pass_with_dq_inside_against_float64(form, shape, tmp_path):
+    B, H, Hkv, Sq, Sk, D, causal = shape
+    g = torch.Generator(device="cuda").manual_seed(Sq * 7 + Sk)
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    do = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, "causal" if causal else "none")
+    bspec = fspec.replace(family="bwd")
+    m = MaskArgs(1 / math.sqrt(D), 0.0, -1, 0 if causal else -1, False)
+    out, lse = torch.empty_like(q), torch.empty(B, H, Sq, device="cuda")
+    attn_fwd(loader.load(fspec), fspec, q, k, v, out, lse, m, default_fwd_config(fspec, "cuda", Sq))
+    mod = _variant(bspec, {"ws_dq": form}, tmp_path)
+    assert "ATOMIC_DQ" in dict(mod.ABI["_attn_bwd_dkdv_ws"])  # the Gluon pass takes the config, not a fallback
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    attn_bwd(mod, bspec, q, k, v, out, do, lse, dq, dk, dv, m, DQ_INSIDE, False)
+    torch.cuda.synchronize()
+    want, pt = _grads(q, k, v, do, m.scale, causal, True), _grads(q, k, v, do, m.scale, causal, False)
+    for name, got, w, p in zip(("dq", "dk", "dv"), (dq, dk, dv), want, pt):
+        assert_flash_rule(f"{form} {shape} {name}", got, w, p, 3.0, atol=1e-4)
+
+
+@pytest.mark.parametrize("B, hq, hkv, cap", [(1, 32, 8, 4096), (1, 32, 8, 32768), (3, 16, 16, 9000)])
+def test_decode_fused_merge_matches_the_combine_launch(B, hq, hkv, cap, tmp_path):
+    spec = KernelSpec("decode", "bf16", "sm90", 128, 128, hq // hkv, "causal")
+    mods = {form: _variant(spec, {"decode_combine": form}, tmp_path) for form in ("launch", "fused")}
+    g = torch.Generator(device="cuda").manual_seed(cap)
+    kc, vc = (torch.randn(B, cap, hkv, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    lens = torch.randint(1, cap + 1, (B,), device="cuda", generator=g, dtype=torch.int32)
+    cfg = fd.default_decode_config(spec, "cuda")
+    n, split_len = fd.splits(cfg, B, hkv, cap, torch.cuda.get_device_properties(0).multi_processor_count)
+    assert n > 1
+    ops, lps = fd.partial_shapes(B, hkv, n, fd.rows_tile(hq // hkv, 1), 128)
+    margs = MaskArgs(1 / math.sqrt(128), 0.0, -1, 0, False)
+    counter = torch.zeros(B * hkv, dtype=torch.int32, device="cuda")
+    for call in range(20):
+        q = torch.randn(B, 1, hq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        outs = {}
+        for form, mod in mods.items():
+            out = torch.full((B, 1, hq, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+            lse = torch.full((B, hq, 1), float("nan"), device="cuda")
+            op, lp = torch.full(ops, float("nan"), device="cuda"), torch.full(lps, float("nan"), device="cuda")
+            las = fd.decode_launches(mod, spec, q, kc, vc, out, lse, op, lp, margs, cfg, n, split_len, lens,
+                                     counter=counter if form == "fused" else None)
+            assert len(las) == (1 if form == "fused" else 2)
+            for la in las:
+                la.run()
+            outs[form] = (out, lse)
+        torch.cuda.synchronize()
+        # the same merge in the same split order: the same bits
+        assert torch.equal(outs["fused"][0], outs["launch"][0]), call
+        assert torch.equal(outs["fused"][1], outs["launch"][1]), call
+        assert not counter.any(), (call, counter)
