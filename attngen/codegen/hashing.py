@@ -72,3 +72,12 @@ def kernel_hash(source: str) -> str:
     version) does not."""
     toks = [f"{kind} {text}" for kind, text, line in _tokens(source) if not line.startswith("KERNEL_HASH = ")]
     return sha256("\n".join(toks))[:KERNEL_HASH_LEN]
+
+
+def stamped_kernel_hash(source: str) -> str:
+    """The KERNEL_HASH a rendered module carries (render() stamps kernel_hash of the module; the
+    tests check that they agree for every generated module): read back, not tokenized again."""
+    for line in source.splitlines():
+        if line.startswith('KERNEL_HASH = "'):
+            return line.split('"')[1]
+    raise ValueError("not a generated module: no KERNEL_HASH line")

@@ -236,12 +236,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _current_kernel_hash(spec_fields: dict) -> str | None:
     """KERNEL_HASH of the module attngen renders now for a stored kernel spec; None when the
     stored spec is not one this attngen can render."""
-    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.hashing import stamped_kernel_hash
     from attngen.codegen.render import CodegenError, render
     from attngen.spec import KernelSpec
 
     try:
-        return kernel_hash(render(KernelSpec(**spec_fields)))
+        return stamped_kernel_hash(render(KernelSpec(**spec_fields)))
     except (CodegenError, TypeError, ValueError):
         return None
 

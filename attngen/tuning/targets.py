@@ -114,7 +114,7 @@ def default_buckets(entry: SpecEntry, family: str = "fwd") -> list[ShapeBucket]:
 
 def plan(opts: TuneOptions) -> list[Target]:
     """The studies to run, in a fixed order (spec files, entries, kernels, buckets)."""
-    from attngen.codegen.naming import kernel_hash
+    from attngen.codegen.hashing import stamped_kernel_hash
     from attngen.codegen.render import render  # jinja2: the tuner may import it
 
     profile = devices.profile(canonical(opts.device))
@@ -134,7 +134,7 @@ def plan(opts: TuneOptions) -> list[Target]:
                 if spec.uri in seen:  # two entries with one kernel: the first one's values
                     continue
                 seen.add(spec.uri)
-                h = kernel_hash(render(spec))
+                h = stamped_kernel_hash(render(spec))
                 try:
                     fixed = tuple(sorted(pin(spec, opts.fixed).items()))
                 except ValueError as exc:

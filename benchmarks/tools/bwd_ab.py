@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -209,7 +210,10 @@ def main():
             try:
                 mod = render_variant(bspec, switch, tmp) if switch else loader.load(bspec)
                 dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-                run = lambda: attn_bwd(mod, bspec, q, k, v, out, dout, lse, dq, dk, dv, margs, cfg, False)  # noqa: E731
+                # the variant's own module, config and buffers bound now: the rounds below call each
+                # run after the loop (a closure over the loop variables would time the last variant
+                # every time -- as the --rounds runs of session 54 did)
+                run = functools.partial(attn_bwd, mod, bspec, q, k, v, out, dout, lse, dq, dk, dv, margs, cfg, False)
                 run()
                 torch.cuda.synchronize()
                 got = (dq[:1, :2], dk[:1, :1] if r > 1 else dk[:1, :2], dv[:1, :1] if r > 1 else dv[:1, :2])

@@ -34,6 +34,21 @@ def test_every_generated_module_carries_the_hash_of_its_source():
         assert f"# hash:     {kernel_hash(src)} " in src
 
 
+def test_the_stamped_hash_is_read_back_as_the_tokens_hash():
+    """codegen.hashing.stamped_kernel_hash (the tuner's plan reads a rendered module's hash back
+    instead of tokenizing it again) gives kernel_hash of the module; a text without the line is
+    refused."""
+    import pytest
+
+    from attngen.codegen.hashing import stamped_kernel_hash
+
+    for spec in (KernelSpec("fwd", "bf16", "sm90", 128, 128, 4, "causal"), KernelSpec("decode", "fp16", "sm80", 64, 64, 1, "none")):
+        text = render(spec)
+        assert stamped_kernel_hash(text) == kernel_hash(text)
+    with pytest.raises(ValueError, match="no KERNEL_HASH line"):
+        stamped_kernel_hash("x = 1\n")
+
+
 def test_stamp_changes_leave_the_hash_alone():
     ks = spec()
     a, b = render(ks), render(ks, sources=("specs/x.yaml#e (sha256 0123456789abcdef)",))
