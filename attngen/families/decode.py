@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from attngen.families.base import Family, _pow2, require_valid
-from attngen.kernels.launch import expr_values, Launch, pdl, programs
+from attngen.kernels.launch import expr_values, Launch, pdl, programs, roles
 from attngen.spec import KernelSpec
 
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
@@ -241,7 +241,7 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         launches.append(Launch.of(mod, "_attn_decode_append", programs(new_len * hkv, B, "k") if B else 0, append,
                                   1, 1, fp_fusion=rotary is None))
     block_s = max(2, 1 << (num_splits - 1).bit_length())
-    fused = "Counter" in dict(mod.ABI["_attn_decode"])
+    fused = "Counter" in roles(mod, "_attn_decode")  # rendered with decode_combine=fused
     if fused:
         if counter is None and split:
             import torch

@@ -94,7 +94,8 @@ def test_paged_walk_against_float64(block_n, page):
 
 # (case, block_n): split calls, contiguous and paged, GQA-packed rows, a window
 FUSED = [(("bf16", 3, 1, 8, 2, 64, 203, True, (-1, -1), 0.0, 0, 3), 32),
-         (("fp16", 2, 4, 8, 1, 128, 211, True, (60, -1), 0.0, 16, 4), 32)]
+         (("fp16", 2, 4, 8, 1, 128, 211, True, (60, -1), 0.0, 16, 4), 32),
+         (("bf16", 2, 1, 4, 2, 64, 150, False, (-1, -1), 0.0, 0, 1), 32)]  # one split: no merge, no counter use
 
 
 @pytest.mark.parametrize("case, block_n", FUSED, ids=[_name(c) for c, _ in FUSED])
