@@ -43,7 +43,7 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
-        ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed))
+        ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed, dq))
     if cfg.dq_consumers and gluon_ok:
         dq_ws_descs = tma_descriptors(*_dq_ws_views(mod, cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
@@ -150,13 +150,19 @@ def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:
     return views, blocks
 
 
-def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
+def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False,
+              dq=None) -> tuple[dict, dict]:
     """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
-    one consumer's keys (all block_n with roles), per head-dim column tile."""
+    one consumer's keys (all block_n with roles), per head-dim column tile; a module rendered with
+    the dQ bulk reduce-adds (codegen option ws_dq=tma / tma_split: WS_DQ_TILE) also desc_dq, tiles
+    of block_m rows and WS_DQ_TILE columns of `dq` (the fp32 accumulator when the call adds dQ
+    inside the pass; the kernel reads none of it otherwise)."""
     n = cfg.block_n if cfg.roles else cfg.block_n // cfg.consumers
     qt, vt = mod.QK_TILES, mod.V_TILES
+    extra = [("dq", "DQ", dq, cfg.block_m, [(0, mod.WS_DQ_TILE)])] if hasattr(mod, "WS_DQ_TILE") else []
     return _gluon_views(packed, ("q", "Q", q, cfg.block_m, qt), ("do", "DO", dout, cfg.block_m, vt),
-                        ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt))
+                        ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt),
+                        *extra)
 
 
 def _dq_ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:

@@ -247,9 +247,12 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 # (causal 368 vs 448, GQA 32/8 399 vs 429; h200_ab_bwd_roles_2026-12-01.json)
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
 
-# The Gluon passes at the two-tile head dims (80, 96, 192) as their default: off until a GPU run
-# has checked and timed them (the validity filter, the tuner and forced configs reach them)
-WS_BWD_TWO_TILE_DEFAULT = False
+# The two-tile head dims whose default is the Gluon passes (two consumers over 128 keys and the
+# Gluon dQ pass at hd80 / hd96, split roles and the Triton dQ pass at hd192). H100, backward only,
+# causal B4 H32 S4096, against the Triton TMA passes in one process, two rounds alternated
+# (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-07.json): hd96 331 -> 380 TFLOP/s, hd80 273 -> 356.
+# Packed documents keep the Triton passes there (check_ws_bwd)
+WS_BWD_TWO_TILE_DEFAULT = (80, 96, 192)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 # Expression kernels' defaults on the Gluon passes. H100, forward+backward ms beside the Triton
@@ -284,7 +287,7 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     tma = spec.target == "sm90"
     short = expr_short_reach(spec)
     two_tile = len(spec.head_chunks("qk")) > 1
-    if tma and not (spec.has_expr and not WS_EXPR_DEFAULT) and (WS_BWD_TWO_TILE_DEFAULT or not two_tile):
+    if tma and not (spec.has_expr and not WS_EXPR_DEFAULT) and (d in WS_BWD_TWO_TILE_DEFAULT or not two_tile):
         ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
         if spec.has_expr and not ws_dq_takes(spec):
             ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks

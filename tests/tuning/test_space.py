@@ -238,7 +238,7 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     pass); softcapping, other head dims, sm80 and the CPU do not."""
     two_tile = ((80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES))
     for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT), (256, space.WS_BWD_ROLES),
-                    *(two_tile if space.WS_BWD_TWO_TILE_DEFAULT else ())):
+                    *(x for x in two_tile if x[0] in space.WS_BWD_TWO_TILE_DEFAULT)):
         for mask in ("none", "causal", "sliding_window"):
             s = KernelSpec("bwd", "bf16", "sm90", d, d, 4, mask)
             assert space.default_bwd_config(s, "cuda", window=1024) == want, (d, mask)
