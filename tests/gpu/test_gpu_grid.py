@@ -115,8 +115,8 @@ BWD_PATHS = [
     Path("bwd:tma-atomic", "bwd", (BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, atomic_dq=True),
                                    BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, tma=True, atomic_dq=True)),
          ("_attn_bwd_dkdv_tma",)),
-    # the Gluon dQ pass takes one head-dim tile (64, 128); two-tile head dims (80, 96, 192) run
-    # the Gluon dK/dV pass beside the Triton TMA dQ pass (bwd:gluon-dkdv, bwd:gluon-roles)
+    # both Gluon passes take the two-tile head dims (80, 96: bwd:gluon, their default since
+    # session 56; 192: bwd:gluon-roles-dq) as the one-tile ones (64, 128)
     Path("bwd:gluon", "bwd", (space.WS_BWD_DEFAULT,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
     Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
