@@ -127,10 +127,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     """Everything the templates read. options: codegen choices for A/B runs
     (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
     "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
-    "tile_order": "grouped" | "lpt", "dq_reverse": "off" | "on", "fp8_perm": "on" | "off",
-    "fp8_rot_tile": 0 | 64 | ..., "ws_dq": "pass" | "atomic" | "pair" | "tma" |
-    "tma_split",
-    "decode_combine": "launch" | "fused"}; the build always uses the defaults."""
+    "tile_order": "grouped" | "lpt", "dkdv_order": "grouped" | "lpt", "dq_reverse": "off" | "on",
+    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "ws_dq": "pass" | "atomic" | "pair" |
+    "tma" | "tma_split", "decode_combine": "launch" | "fused"}; the build always uses the defaults."""
     options = options or {}
     policy = options.get("head_chunks", "split")
     # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64
@@ -182,6 +181,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "ws_fwd": spec.family == "fwd" and family("fwd").variants(spec)["ws"],
         "ws_bwd": spec.family == "bwd" and family("bwd").variants(spec)["ws"],
         "tile_order": tile_order,
+        # the Gluon dK/dV pass's program order alone (codegen option dkdv_order; default: tile_order)
+        "dkdv_order": options.get("dkdv_order", tile_order),
         # the Gluon dK/dV pass with dQ += dS.K inside it (fp32 atomics into the dQ buffer, ATOMIC_DQ,
         # BwdConfig.atomic_dq): "atomic"; the build renders "pass" (dQ from its own pass)
         # "pair": the same, the two consumers' dQ tiles of a query block both see summed in shared
