@@ -228,7 +228,9 @@ def main():
                     rec["kernels"] = kernel_stats(mod, bspec, q, k, v, out, dout, lse, margs, cfg)
                     timed.append((rec, run))
             except Exception as exc:  # noqa: BLE001
-                rec["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                # the end of the message: an InvalidConfig's reason follows the config's repr
+                msg = str(exc)
+                rec["error"] = f"{type(exc).__name__}: {msg if len(msg) <= 600 else msg[:150] + ' ... ' + msg[-450:]}"
             row["results"].append(rec)
         for _ in range(args.rounds):  # the variants in turn, each round
             for rec, run in timed:
