@@ -663,3 +663,26 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
     for lens in ([1152, 1152, 200], [640, 640, 640]):  # uneven; even but short
         (la,) = launches(lens)
         assert la.fn.__name__ == "_attn_fwd_tma" and la.values["BLOCK_M"] == fb.block_m, (lens, la.fn)
+
+
+def test_codegen_options_change_only_what_they_name():
+    """A/B codegen options: dkdv_order=lpt reorders the Gluon dK/dV pass's programs alone (its
+    entry walks every head's heaviest key block first; the dQ pass keeps its grouped order); a bad
+    ws_dq value is refused by name; ws_dq=tma renders the bulk reduce-add's builtin and descriptor
+    only into that module (the build's module has neither)."""
+    spec = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
+    base, lpt = render(spec), render(spec, options={"dkdv_order": "lpt"})
+
+    def entry(src: str, name: str) -> str:  # the function's text, up to the next top-level line
+        start = src.index(f"def {name}(")
+        end = re.search(r"\n(?=[A-Za-z_@])", src[start:])
+        return src[start:start + end.start()] if end else src[start:]
+
+    lpt_walk = "num_zh = gl.num_programs(0) // num_n_blocks"
+    assert lpt_walk not in entry(base, "_attn_bwd_dkdv_ws") and lpt_walk in entry(lpt, "_attn_bwd_dkdv_ws")
+    assert entry(base, "_attn_bwd_dq_ws") == entry(lpt, "_attn_bwd_dq_ws")
+    with pytest.raises(ValueError, match="ws_dq"):
+        render(spec, options={"ws_dq": "bulk"})
+    tma = render(spec, options={"ws_dq": "tma_split"})
+    for src, want in ((base, False), (tma, True)):
+        assert ("_tma_reduce_add(desc_dq" in src) == want and ("WS_DQ_TILE = 64" in src) == want
