@@ -165,10 +165,6 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # program's earlier stores, an acquire of others'), and the global loads that bypass L1 (.cg)
     rep["atomic_ops"] = [".".join(m) for m in re.findall(r"\batom\.global\.(\w+)\.(\w+)\.(\w+)\.", ptx)]
     rep["cg_loads"] = len(re.findall(r"\bld\.global\.cg\.", ptx))
-    # the copy engine's bulk reduce-adds from shared memory (cp.reduce.async.bulk.tensor), by rank:
-    # instructions in the PTX (a tile wider than the swizzle's 128 bytes loops over its boxes)
-    rep["bulk_reduce_adds"] = dict(sorted(Counter(re.findall(
-        r"\bcp\.reduce\.async\.bulk\.tensor\.(\d)d\.global\.shared::cta\.add\b", ptx)).items()))
     # programmatic dependent launch: the launch attribute, and the grid-dependency instructions
     # in the PTX in their order ("wait": before reading the previous kernel's outputs,
     # "launch_dependents": the next kernel may start), with the line of the first global read

@@ -128,8 +128,9 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
     "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
     "tile_order": "grouped" | "lpt", "dkdv_order": "grouped" | "lpt", "dq_reverse": "off" | "on",
-    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "ws_dq": "pass" | "atomic" | "pair" |
-    "tma" | "tma_split", "decode_combine": "launch" | "fused"}; the build always uses the defaults."""
+    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "decode_combine": "launch" | "fused"};
+    the build always uses the defaults. (ws_dq, dQ inside the Gluon dK/dV pass, was measured and
+    removed: docs/notes.md.)"""
     options = options or {}
     policy = options.get("head_chunks", "split")
     # the dK/dV pass issues dO.V^T before the softmax of P where registers allow (measured: hd64
@@ -142,11 +143,6 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     tile_order = options.get("tile_order", "grouped")
     # the Triton dQ passes under a mask: heaviest query blocks (the last ones) first
     dq_reverse = {"on": True, "off": False}[options.get("dq_reverse", "off")]
-    ws_dq = options.get("ws_dq", "pass")
-    if ws_dq not in ("pass", "atomic", "pair", "tma", "tma_split"):
-        raise ValueError(f"codegen option ws_dq: {ws_dq!r} is not pass, atomic, pair, tma or tma_split")
-    ws_dq_tma = (ws_dq in ("tma", "tma_split") and not spec.varlen
-                 and len(column_tiles(spec, "qk", policy)) == 1)
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {
@@ -183,19 +179,6 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         "tile_order": tile_order,
         # the Gluon dK/dV pass's program order alone (codegen option dkdv_order; default: tile_order)
         "dkdv_order": options.get("dkdv_order", tile_order),
-        # the Gluon dK/dV pass with dQ += dS.K inside it (fp32 atomics into the dQ buffer, ATOMIC_DQ,
-        # BwdConfig.atomic_dq): "atomic"; the build renders "pass" (dQ from its own pass)
-        # "pair": the same, the two consumers' dQ tiles of a query block both see summed in shared
-        # memory first (one set of reduce-adds)
-        # "tma": each consumer's dQ tile through shared memory and one bulk reduce-add (the copy
-        # engine's cp.reduce.async.bulk) instead of pointer atomics; "tma_split": at head dim 128 the
-        # two consumers exchange their dS^T tiles and each reduces one column half of the dQ tile
-        # over both consumers' keys (half the accumulator, half the traffic); one column tile and
-        # dense calls only (other modules get "atomic")
-        "ws_dq_atomic": ws_dq != "pass",
-        "ws_dq_pair": ws_dq == "pair" and not spec.mask_expr,
-        "ws_dq_tma": ws_dq_tma,
-        "ws_dq_split": ws_dq_tma and ws_dq == "tma_split" and spec.head_dim_qk == 128 and not spec.mask_expr,
         # the split decode kernel merges a row's splits in its last program to finish (a counter per
         # row, no combine launch): "fused"; the build renders "launch"
         "decode_fused": options.get("decode_combine", "launch") == "fused",

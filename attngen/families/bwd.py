@@ -37,13 +37,11 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
     packed = cu_seqlens_q is not None
     wide = needs_int64(q, k, v, out, dout, dq, dk, dv, lse)
     # the Gluon passes need a GPU (Triton's interpreter does not run Gluon) and descriptors
-    # atomic: only a dK/dV pass rendered with dQ += dS.K inside (codegen option ws_dq=atomic)
-    gluon_ok = (has_entry(mod, "_attn_bwd_dkdv_ws") and cfg.tma and not wide and q.numel() > 0 and k.numel() > 0
-                and (not atomic or "ATOMIC_DQ" in roles(mod, "_attn_bwd_dkdv_ws"))
-                and (q.device.type == "cuda" if gluon is None else gluon))
+    gluon_ok = (has_entry(mod, "_attn_bwd_dkdv_ws") and cfg.tma and not atomic and not wide and q.numel() > 0
+                and k.numel() > 0 and (q.device.type == "cuda" if gluon is None else gluon))
     ws_descs = dq_ws_descs = None
     if cfg.consumers and gluon_ok:
-        ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed, dq))
+        ws_descs = tma_descriptors(*_ws_views(mod, cfg, q, k, v, dout, dk, dv, packed))
     if cfg.dq_consumers and gluon_ok:
         dq_ws_descs = tma_descriptors(*_dq_ws_views(mod, cfg, q, k, v, dout, dq, packed))
     # a pass the Gluon kernel cannot take: its Triton kernel serves
@@ -150,19 +148,13 @@ def _gluon_views(packed: bool, *entries) -> tuple[dict, dict]:
     return views, blocks
 
 
-def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False,
-              dq=None) -> tuple[dict, dict]:
+def _ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dk, dv, packed: bool = False) -> tuple[dict, dict]:
     """The Gluon dK/dV pass's descriptors: Q and dO in ring slots of block_m rows, K, V, dK, dV in
-    one consumer's keys (all block_n with roles), per head-dim column tile; a module rendered with
-    the dQ bulk reduce-adds (codegen option ws_dq=tma / tma_split: WS_DQ_TILE) also desc_dq, tiles
-    of block_m rows and WS_DQ_TILE columns of `dq` (the fp32 accumulator when the call adds dQ
-    inside the pass; the kernel reads none of it otherwise)."""
+    one consumer's keys (all block_n with roles), per head-dim column tile."""
     n = cfg.block_n if cfg.roles else cfg.block_n // cfg.consumers
     qt, vt = mod.QK_TILES, mod.V_TILES
-    extra = [("dq", "DQ", dq, cfg.block_m, [(0, mod.WS_DQ_TILE)])] if hasattr(mod, "WS_DQ_TILE") else []
     return _gluon_views(packed, ("q", "Q", q, cfg.block_m, qt), ("do", "DO", dout, cfg.block_m, vt),
-                        ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt),
-                        *extra)
+                        ("k", "K", k, n, qt), ("v", "V", v, n, vt), ("dk", "DK", dk, n, qt), ("dv", "DV", dv, n, vt))
 
 
 def _dq_ws_views(mod: ModuleType, cfg: BwdConfig, q, k, v, dout, dq, packed: bool = False) -> tuple[dict, dict]:

@@ -119,13 +119,8 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
                 f"of head dim {', '.join(map(str, WS_BWD_HEAD_DIMS))} (Q, K and V alike) without softcapping only")
     if cfg.consumers not in (0, 2) or cfg.dq_consumers not in (0, 2):
         return "consumers / dq_consumers are 0 (the Triton kernels) or 2 (two consumer warp groups)"
-    if not cfg.tma:
-        return "consumers / dq_consumers need tma"
-    if cfg.atomic_dq and (cfg.dq_consumers or cfg.roles or spec.varlen):
-        # the dK/dV pass's dQ += dS.K (a module rendered with the codegen option ws_dq=atomic; any
-        # other module runs the config's Triton fallback): two consumers over their own keys, dense
-        return ("consumers with atomic_dq: the two-consumer Gluon dK/dV pass adds dQ itself (no dq_consumers, "
-                "no roles) on dense calls")
+    if not cfg.tma or cfg.atomic_dq:
+        return "consumers / dq_consumers need tma and a dQ pass of its own (not atomic_dq)"
     wide = max(spec.head_dim_qk, spec.head_dim_v) > 128
     if spec.varlen and len(spec.head_chunks("qk")) > 1:
         # one forced GPU grid case failed there (hd96, packed documents, split roles beside the

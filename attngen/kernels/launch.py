@@ -277,8 +277,8 @@ def _gluon_layout(block: tuple, dtype):
     import torch
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout.get_default_for(list(block), {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16,
-                                                              torch.float32: gl.float32}[dtype])
+    return gl.NVMMASharedLayout.get_default_for(list(block), {torch.bfloat16: gl.bfloat16,
+                                                              torch.float16: gl.float16}[dtype])
 
 
 def programs(blocks: int, batch_heads: int, what: str) -> int:

@@ -667,9 +667,7 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
 
 def test_codegen_options_change_only_what_they_name():
     """A/B codegen options: dkdv_order=lpt reorders the Gluon dK/dV pass's programs alone (its
-    entry walks every head's heaviest key block first; the dQ pass keeps its grouped order); a bad
-    ws_dq value is refused by name; ws_dq=tma renders the bulk reduce-add's builtin and descriptor
-    only into that module (the build's module has neither)."""
+    entry walks every head's heaviest key block first; the dQ pass keeps its grouped order)."""
     spec = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
     base, lpt = render(spec), render(spec, options={"dkdv_order": "lpt"})
 
@@ -681,8 +679,3 @@ def test_codegen_options_change_only_what_they_name():
     lpt_walk = "num_zh = gl.num_programs(0) // num_n_blocks"
     assert lpt_walk not in entry(base, "_attn_bwd_dkdv_ws") and lpt_walk in entry(lpt, "_attn_bwd_dkdv_ws")
     assert entry(base, "_attn_bwd_dq_ws") == entry(lpt, "_attn_bwd_dq_ws")
-    with pytest.raises(ValueError, match="ws_dq"):
-        render(spec, options={"ws_dq": "bulk"})
-    tma = render(spec, options={"ws_dq": "tma_split"})
-    for src, want in ((base, False), (tma, True)):
-        assert ("_tma_reduce_add(desc_dq" in src) == want and ("WS_DQ_TILE = 64" in src) == want

@@ -152,11 +152,6 @@ ROLES_BACKWARDS = [("causal", 1), ("sliding_window", 2)]
 # up to hd128, split roles at hd192; the dQ pass on 128 query rows of 64-key blocks)
 # (and the one-tile passes over packed documents, hd128: the probe's packed backward; the two-tile
 # head dims keep the Triton passes there, check_ws_bwd)
-# the Gluon dK/dV pass with dQ += dS.K inside (codegen option ws_dq): form, head dim, the spill
-# stores ptxas leaves (hd128: loop scalars, dK / dV / dQ accumulators live at once; measured:
-# atomic 252 B, tma 216 B, tma_split 368 B, the loop's scalars), the dQ wgmma's width
-DQ_INSIDE = [("atomic", 64, 0, 64), ("atomic", 128, 256, 128), ("tma", 64, 0, 64), ("tma", 128, 224, 128),
-             ("tma_split", 128, 384, 64)]
 TWO_TILE_BACKWARDS = [(80, "causal", 1, False), (96, "sliding_window", 2, False), (192, "causal", 2, False)]
 
 
@@ -200,9 +195,6 @@ PROBES: dict[str, list[tuple[str, ...]]] = {
     "test_packed_documents_backward_compiles_without_spilling": [
         ("bwd", "--hd", "128", "--gqa", "4", "--mask", "causal", "--varlen", "--config", _bwd_tiles(WS_BWD_DEFAULT),
          "--also", "consumers=2", "--also", "dq_consumers=2")],
-    "test_dkdv_pass_with_dq_inside_compiles": [
-        ("bwd", "--hd", str(hd), "--mask", "causal", "--gqa", "4", "--config", _bwd_tiles(WS_BWD_DEFAULT), "--also",
-         "consumers=2", "--also", "atomic_dq=True", "--switch", f"ws_dq={form}") for form, hd, _, _ in DQ_INSIDE],
     "test_expression_kernels_compile_for_sm90": [
         ("fwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2", "--also", "tma=True", *EXPR),
         ("bwd", "--hd", "64", "--gqa", "2", "--config", "64,64,4,2,64,64,4,2", "--also", "tma=True", *EXPR)],
@@ -372,29 +364,6 @@ def test_two_tile_backward_compiles_without_spilling(probed, hd, mask, gqa, varl
     # up to barriers, the stat rows and the alignment of each tile's buffers (measured: 1080-1120 B)
     assert dkdv_want <= by["_attn_bwd_dkdv_ws"]["shared_bytes"] <= dkdv_want + 2048, (dkdv_want, runs)
     assert dq_want <= by["_attn_bwd_dq_ws"]["shared_bytes"] <= dq_want + 2048, (dq_want, runs)
-
-
-@pytest.mark.parametrize("form, hd, spill_bound, width", DQ_INSIDE)
-def test_dkdv_pass_with_dq_inside_compiles(probed, form, hd, spill_bound, width):
-    """The Gluon dK/dV pass rendered with dQ += dS.K inside (ws_dq) and run with atomic_dq: one
-    launch (no dQ pass), the dQ wgmma reads dS^T from shared memory (A operand), as wide as the
-    head dim (tma_split at hd128: one column half per consumer); its result leaves as fp32 atomic
-    adds two values at a time (atomic) or as the copy engine's 4-D bulk reduce-adds and no atomics
-    (tma: one per dQ tile; tma_split: the shared half, or both halves where one consumer alone sees
-    the query block), under the launch cap."""
-    from attngen.configs import WS_MAXNREG
-
-    runs = probed("bwd", "--hd", str(hd), "--mask", "causal", "--gqa", "4", "--config", _bwd_tiles(WS_BWD_DEFAULT),
-                  "--also", "consumers=2", "--also", "atomic_dq=True", "--switch", f"ws_dq={form}")
-    assert [r["kernel"] for r in runs] == ["_attn_bwd_dkdv_ws"], runs
-    r = runs[0]
-    assert f"m64n{width}k16 A from shared" in r["wgmma"], r
-    if form == "atomic":
-        assert set(r["global_atomics"]) == {"v2.f32"} and not r["bulk_reduce_adds"], r
-    else:
-        # one instruction per reduce-add of the code in each of the two consumers' partitions
-        assert not r["global_atomics"] and r["bulk_reduce_adds"] == {"4": 2 * (3 if form == "tma_split" else 1)}, r
-    assert r["registers"] <= WS_MAXNREG and r["spill_stores"] <= spill_bound, r
 
 
 def test_packed_documents_backward_compiles_without_spilling(probed):

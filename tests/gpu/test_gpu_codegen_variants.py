@@ -1,10 +1,10 @@
 """GPU: kernel forms that only a codegen option renders (A/B candidates, not the build's), checked
-before they are timed. The Gluon dK/dV pass with dQ += dS.K inside (ws_dq=atomic / pair / tma / tma_split) against
-float64 on odd shapes with the flash-attn rule (gradients <= 3x PyTorch's same-precision error),
-gradients poisoned with NaN first; the dK/dV pass's program order (dkdv_order) against the grouped
-order, bit for bit; the decode family's fused merge (decode_combine=fused) against
-the combine launch on many splits (within a few fp32 ulps of the LSE and one bf16 ulp of the
-output), call after call on one counter tensor, which stays at zero."""
+before they are timed: the Gluon dK/dV pass's program order (dkdv_order=lpt) against the grouped
+order bit for bit and against float64 on odd shapes with the flash-attn rule (gradients <= 3x
+PyTorch's same-precision error), gradients poisoned with NaN first; the decode family's fused
+merge (decode_combine=fused) against the combine launch on many splits (within a few fp32 ulps of
+the LSE and one bf16 ulp of the output), call after call on one counter tensor, which stays at
+zero. (The dQ-inside forms of the dK/dV pass, ws_dq, were measured and removed: docs/notes.md.)"""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from attngen.codegen.render import render
-from attngen.configs import BwdConfig, default_bwd_config, default_fwd_config
+from attngen.configs import default_bwd_config, default_fwd_config
 from attngen.families import decode as fd
 from attngen.families.bwd import attn_bwd
 from attngen.families.fwd import attn_fwd
@@ -25,10 +25,6 @@ from attngen.spec import KernelSpec
 from attngen.testing import assert_flash_rule
 
 pytestmark = pytest.mark.gpu
-DQ_INSIDE = BwdConfig(64, 128, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, atomic_dq=True)
-# (B, Hq, Hkv, Sq, Sk, head dim, causal)
-SHAPES = [(2, 8, 2, 113, 203, 128, True), (1, 8, 2, 1023, 1024, 128, True), (2, 8, 2, 203, 113, 128, True),
-          (1, 4, 4, 200, 777, 128, False), (1, 8, 8, 1023, 1023, 64, True)]
 
 
 def _variant(spec: KernelSpec, options: dict, tmp_path):
@@ -45,38 +41,13 @@ def _grads(q, k, v, do, scale, causal, upcast):
     return torch.autograd.grad(out, leaves, do.to(out.dtype))
 
 
-@pytest.mark.parametrize("form", ["atomic", "pair", "tma", "tma_split"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}_h{}x{}_q{}_k{}_hd{}{}".format(*s[:6], "_causal" * s[6]))
-def test_dkdv_pass_with_dq_inside_against_float64(form, shape, tmp_path):
-    B, H, Hkv, Sq, Sk, D, causal = shape
-    g = torch.Generator(device="cuda").manual_seed(Sq * 7 + Sk)
-    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
-    do = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
-    fspec = KernelSpec("fwd", "bf16", "sm90", D, D, H // Hkv, "causal" if causal else "none")
-    bspec = fspec.replace(family="bwd")
-    m = MaskArgs(1 / math.sqrt(D), 0.0, -1, 0 if causal else -1, False)
-    out, lse = torch.empty_like(q), torch.empty(B, H, Sq, device="cuda")
-    attn_fwd(loader.load(fspec), fspec, q, k, v, out, lse, m, default_fwd_config(fspec, "cuda", Sq))
-    mod = _variant(bspec, {"ws_dq": form}, tmp_path)
-    abi = dict(mod.ABI["_attn_bwd_dkdv_ws"])
-    assert "ATOMIC_DQ" in abi  # the Gluon pass takes the config, not a fallback
-    assert ("desc_dq" in abi) == form.startswith("tma")  # the bulk reduce-adds' descriptor
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    attn_bwd(mod, bspec, q, k, v, out, do, lse, dq, dk, dv, m, DQ_INSIDE, False)
-    torch.cuda.synchronize()
-    want, pt = _grads(q, k, v, do, m.scale, causal, True), _grads(q, k, v, do, m.scale, causal, False)
-    for name, got, w, p in zip(("dq", "dk", "dv"), (dq, dk, dv), want, pt):
-        assert_flash_rule(f"{form} {shape} {name}", got, w, p, 3.0, atol=1e-4)
-
-
 @pytest.mark.parametrize("shape", [(1, 32, 8, 1023, 1023, 128, True), (2, 8, 8, 203, 777, 96, True),
                                    (1, 8, 2, 1024, 1024, 64, False)],
                          ids=lambda s: "b{}_h{}x{}_q{}_k{}_hd{}{}".format(*s[:6], "_causal" * s[6]))
 def test_dkdv_program_order_changes_no_bit(shape, tmp_path):
     """dkdv_order=lpt only reorders the Gluon dK/dV pass's programs: each program's arithmetic is
     the same, so the gradients equal the grouped order's bit for bit (the default config: the
-    Gluon passes at hd64 / hd96 / hd128), and both are finite."""
+    Gluon passes at hd64 / hd96 / hd128), and they pass the flash-attn rule against float64."""
     B, H, Hkv, Sq, Sk, D, causal = shape
     g = torch.Generator(device="cuda").manual_seed(Sq + D)
     q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -96,8 +67,10 @@ def test_dkdv_program_order_changes_no_bit(shape, tmp_path):
         attn_bwd(mod, bspec, q, k, v, out, do, lse, *got, m, cfg, True)
         grads[order] = got
     torch.cuda.synchronize()
-    for name, a, b in zip(("dq", "dk", "dv"), grads["grouped"], grads["lpt"]):
-        assert torch.isfinite(a).all() and torch.equal(a, b), name
+    want, pt = _grads(q, k, v, do, m.scale, causal, True), _grads(q, k, v, do, m.scale, causal, False)
+    for name, a, b, w, p in zip(("dq", "dk", "dv"), grads["grouped"], grads["lpt"], want, pt):
+        assert torch.equal(a, b), name
+        assert_flash_rule(f"lpt {shape} {name}", b, w, p, 3.0, atol=1e-4)
 
 
 @pytest.mark.parametrize("B, hq, hkv, cap", [(1, 32, 8, 4096), (1, 32, 8, 32768), (3, 16, 16, 9000)])

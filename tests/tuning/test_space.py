@@ -264,8 +264,7 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
 @pytest.mark.parametrize("change, reason", [
     (dict(consumers=3), "consumers / dq_consumers are 0"),
     (dict(tma=False), "consumers / dq_consumers need tma"),
-    (dict(atomic_dq=True), "consumers with atomic_dq: the two-consumer Gluon dK/dV pass adds dQ itself"),
-    (dict(atomic_dq=True, dq_consumers=0, roles=True, block_n=64), "consumers with atomic_dq"),
+    (dict(atomic_dq=True), "consumers / dq_consumers need tma"),
     (dict(split_dkdv=True), "consumers: the Gluon dK/dV pass computes dK and dV in one launch"),
     (dict(block_n=64), "consumers: each consumer is one warp group of 64 keys"),
     (dict(num_warps=8), "consumers: each consumer is one warp group of 64 keys"),
@@ -281,19 +280,6 @@ def test_check_bwd_warp_specialized_backward(change, reason):
     s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
     cfg = dataclasses.replace(space.WS_BWD_DEFAULT, **change)
     assert (space.check_bwd(s, cfg) or "").startswith(reason), space.check_bwd(s, cfg)
-
-
-def test_check_bwd_gluon_dkdv_with_dq_inside():
-    """atomic_dq with two consumers over their own keys and no Gluon dQ pass is a valid config (the
-    dK/dV pass adds dQ itself where its module was rendered with ws_dq=atomic, else the config's
-    Triton fallback runs); packed documents are refused."""
-    cfg = dataclasses.replace(space.WS_BWD_DEFAULT, atomic_dq=True, dq_consumers=0)
-    s = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
-    assert space.check_bwd(s, cfg) is None
-    assert space.check_bwd(s.replace(varlen=True), cfg).startswith("consumers with atomic_dq")
-    fallback = space.bwd_triton_fallback(cfg)
-    assert (fallback.consumers, fallback.block_n, fallback.atomic_dq) == (0, 64, True)
-    assert space.check_bwd(s, fallback) is None
 
 
 @pytest.mark.parametrize("d, change, reason", [
