@@ -15,11 +15,10 @@ the forward's FLOPs (the backward's five matmuls).
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 9 --rounds 5 --config ...
                                  # the variants timed in turn, 5 rounds (ms: the median of the
                                  # rounds' medians; ms_rounds: each round's)
-    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 0,2 --switch ws_dq=pass,atomic,pair \
-        --config 64,128,4,2,consumers=2,dq_consumers=0,atomic_dq=True
-                                 # the default, then each config under each codegen option (here the
-                                 # Gluon dK/dV pass with dQ += dS.K inside, two ways, against the
-                                 # default and the Triton atomics the config falls back to)
+    python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 0,2 --switch dkdv_order=grouped,lpt \
+        --config 64,128,4,2,128,64,4,3,consumers=2,dq_consumers=2
+                                 # the default, then each config under each codegen option (--config
+                                 # keeps the fields it does not name from the case's default)
     python3 benchmarks/tools/bwd_ab.py --out bwd_ab.json --cases 8 --kernel-times --config ...
                                  # also each kernel's device time (torch.profiler, mean of 5
                                  # calls: kernel_us) and their sum (kernels_us), beside ms
