@@ -252,9 +252,10 @@ WS_BWD_TWO_TILE_DEFAULT = (80, 96)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 # Expression kernels' defaults on the Gluon passes. H100, forward+backward ms beside the Triton
-# defaults, one process (benchmarks/ab/h100_ab_expr_gluon_2026-12-06.jsonl,
-# benchmarks/tools/expr_config_sweep.py): ALiBi causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the
-# forward alone 1.25 -> 1.18 (Flex 1.59); eight documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98).
+# defaults, one process (benchmarks/ab/h100_ab_expr_gluon_2026-12-06.jsonl, by
+# benchmarks/tools/expr_config_sweep.py, removed since: git show 6aeaf2f:<that path>): ALiBi
+# causal 8k hd128 5.41 -> 4.56 (Flex 5.26), the forward alone 1.25 -> 1.18 (Flex 1.59); eight
+# documents 8k GQA 32/8 1.06 -> 0.81 (Flex 0.98).
 # The backward's sweep (benchmarks/ab/h100_ab_expr_bwd_sweep_2026-12-06.jsonl): short reaches
 # too, document ids + 512-key window 0.997 (Triton, 32-query steps) -> 0.825 (Flex 1.035), and
 # hd256 with split roles, prefix-LM 10.02 (split Triton passes) -> 6.62 (Flex 12.23). Off (False)
