@@ -20,7 +20,7 @@ from attngen.buckets import bucket_of
 from attngen.families import decode as fam_decode
 from attngen.families import family
 from attngen.kernels.common import MAX_SEQLEN
-from attngen.kernels.launch import _hooks_off, sm_count
+from attngen.kernels.launch import _hooks_off, _stream, sm_count
 from attngen.runtime import dispatch, kvguard, validate
 from attngen.runtime.plan import Dims, Plan
 from attngen.runtime.plans import PlanCache, aligned
@@ -79,6 +79,7 @@ class DecodePlan(Plan):
         for n in sizes:
             offs.append(offs[-1] + -(-n // 256) * 256)
         self.scratch_offsets, self.raw = tuple(offs), False
+        self.scratch = None  # that allocation, kept for calls on the legacy default stream (run_cache)
         out, lse = self.empty()
         op, lp = self.partials()
         self.flags = kvguard.flags(q.device)
@@ -109,7 +110,8 @@ class DecodePlan(Plan):
         name; indices (cache_batch_idx, cache_leftpad) and rotary (families.decode.Rotary) as the
         plan was built with. Once every launch replays through the raw launcher, the split
         partials (and an unwanted logsumexp) go as addresses in one allocation: four allocations
-        a call cost more host time than the two launches' argument lists."""
+        a call cost more host time than the two launches' argument lists. On the legacy default
+        stream that allocation is the plan's own, made once (calls there run in order)."""
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         cos, sin = (rotary.cos, rotary.sin) if rotary else (None, None)
         # the addresses only where every launch takes the raw launcher (Triton's own takes tensors)
@@ -117,8 +119,19 @@ class DecodePlan(Plan):
         if self.raw and ok and _hooks_off():
             offs = self.scratch_offsets
             size = offs[-1] if not want_lse else offs[2]
-            flat = torch.empty(size, dtype=torch.uint8, device=self.device) if size else None
-            base = 0 if flat is None else flat.data_ptr()
+            # on the legacy default stream the plan's own buffer, ordered after the last call's
+            # kernels that read it; on another (a CUDA graph's capture among them) the caching
+            # allocator's, held until the launches are queued
+            flat = None
+            if not size:
+                base = 0
+            elif _stream(self.device.index) == 0:
+                if self.scratch is None:
+                    self.scratch = torch.empty(offs[-1], dtype=torch.uint8, device=self.device)
+                base = self.scratch.data_ptr()
+            else:
+                flat = torch.empty(size, dtype=torch.uint8, device=self.device)
+                base = flat.data_ptr()
             op, lp = (None, None) if self.num_splits == 1 else (base + offs[0], base + offs[1])
             lse = (torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if want_lse
                    else base + offs[2])

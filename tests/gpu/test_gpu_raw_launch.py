@@ -129,3 +129,50 @@ def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"seed {seed}"
             else:
                 assert torch.equal(got, want), f"seed {seed}"
+
+
+def test_decode_scratch_reuse_is_per_stream_and_graph_safe():
+    """A warm split call on the legacy default stream reuses its plan's scratch buffer; on a
+    side stream (running at the same time) and inside a CUDA graph it takes the caching
+    allocator's. Calls queued on both streams without a synchronize in between, and a graph
+    replayed while default-stream calls run, give the outputs of cold calls (bit for bit)."""
+    from attngen.runtime import kvcache
+
+    B, Hq, Hkv, S, D = 2, 16, 4, 4096, 128
+    kc, vc = random_inputs((B, S, Hkv, D), (B, S, Hkv, D), dtype=torch.bfloat16, device=DEV, seed=11)
+    lens = torch.tensor([4000, 3111], dtype=torch.int32, device=DEV)
+    qs = random_inputs(*[(B, 1, Hq, D)] * 6, dtype=torch.bfloat16, device=DEV, seed=12)
+    kvcache._FAST.clear()
+    call = lambda q: attngen.attention_with_kvcache(q, kc, vc, lens, num_splits=4)  # noqa: E731
+    with torch.no_grad():
+        call(qs[0]), call(qs[0])
+        (plan, _, _), = kvcache._FAST.values()
+        assert plan.raw and plan.num_splits == 4
+        # references, one at a time
+        want = []
+        for q in qs:
+            want.append(call(q).clone())
+            torch.cuda.synchronize()
+        assert plan.scratch is not None
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        got_main, got_side = [], []
+        for i in range(3):
+            got_main.append(call(qs[i]))
+            with torch.cuda.stream(side):
+                got_side.append(call(qs[i + 3]))
+        torch.cuda.synchronize()
+        for i in range(3):
+            assert torch.equal(got_main[i], want[i]), f"default stream, call {i}"
+            assert torch.equal(got_side[i], want[i + 3]), f"side stream, call {i}"
+        static_q = qs[0].clone()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = call(static_q)
+        for i in (1, 2, 3):
+            static_q.copy_(qs[i])
+            g.replay()
+            main = call(qs[(i + 1) % 6])
+            torch.cuda.synchronize()
+            assert torch.equal(static_out, want[i]), f"graph replay {i}"
+            assert torch.equal(main, want[(i + 1) % 6]), f"default stream beside replay {i}"
