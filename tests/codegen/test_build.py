@@ -666,10 +666,16 @@ def test_persistent_gluon_forward_on_packed_documents_walks_items_or_hands_over_
 
 
 def test_codegen_options_change_only_what_they_name():
-    """A/B codegen options: dkdv_order=lpt reorders the Gluon dK/dV pass's programs alone (its
-    entry walks every head's heaviest key block first; the dQ pass keeps its grouped order)."""
+    """Codegen options: dkdv_order=lpt reorders the Gluon dK/dV pass's programs alone (its entry
+    walks every head's heaviest key block first; the dQ pass keeps its grouped order). lpt is the
+    build's default under a causal mask on dense batches; other masks and packed documents render
+    the grouped order."""
     spec = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
-    base, lpt = render(spec), render(spec, options={"dkdv_order": "lpt"})
+    base, lpt = render(spec, options={"dkdv_order": "grouped"}), render(spec, options={"dkdv_order": "lpt"})
+    assert render(spec) == lpt
+    for other in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "none"),
+                  KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)):
+        assert "num_zh = gl.num_programs(0) // num_n_blocks" not in render(other), other
 
     def entry(src: str, name: str) -> str:  # the function's text, up to the next top-level line
         start = src.index(f"def {name}(")
