@@ -372,3 +372,22 @@ def test_shipped_packs_are_whole(tmp_path, monkeypatch):
     assert env.pack_paths() == [tmp_path / "mine.pack", *shipped]  # the user's first
     monkeypatch.setenv("ATTNGEN_SHIPPED_PACKS", "0")
     assert env.shipped_packs() == [] and env.pack_paths() == [tmp_path / "mine.pack"]
+
+
+def test_shipped_packs_hold_the_current_generated_kernels():
+    """Each kernel of a shipped pack comes from a module generated/ holds now (its file name carries
+    the source hash) with the same kernel hash. A kernel change makes the pack's entries dead
+    weight, never looked up again, and the first call compiles: rebuild the pack on the GPU
+    machine when this fails (docs/serving.md, "The shipped pack")."""
+    manifest = json.loads((REPO_ROOT / "generated" / "manifest.json").read_text())["kernels"]
+    for path in env.shipped_packs():
+        with zipfile.ZipFile(path) as zf:
+            kernels = [e["kernel"] for e in packs.read_manifest(zf)["entries"] if e["kind"] == "kernel"]
+        assert kernels
+        stale = []
+        for k in kernels:
+            ent = manifest.get(k["uri"])
+            current = ent and (REPO_ROOT / "generated" / ent["file"]).read_text()
+            if not ent or ent["file"] != f"{k['module']}.py" or f'KERNEL_HASH = "{k["kernel_hash"]}"' not in current:
+                stale.append((path.name, k["module"], k["function"]))
+        assert stale == []
