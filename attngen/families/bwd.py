@@ -13,7 +13,7 @@ import triton
 from attngen.families.base import WS_MAXNREG, Family, require_valid
 from attngen.families.bwd_config import (  # noqa: F401 (the family's names, here as before)
     SHORT_WINDOW, SPACE, TARGET_SPACES, WS_BWD_CONSUMER_REGS, WS_BWD_DEFAULT, WS_BWD_DEFAULT_HD64,
-    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_TWO_TILE_DEFAULT, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
+    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_ROLES_DQ, WS_BWD_TWO_TILE_DEFAULT, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
     bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs

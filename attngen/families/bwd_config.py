@@ -241,14 +241,21 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 # TFLOP/s backward-only for the split Triton dK / dV launches; on hd128 roles lose to the default
 # (causal 368 vs 448, GQA 32/8 399 vs 429; h200_ab_bwd_roles_2026-12-01.json)
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
+# hd192: split roles beside the Gluon dQ pass (two consumers of 64 query rows, Q and dO read from
+# shared memory; hd256's dQ tiles do not fit it). H100, causal B4 H16 S4096, backward only: 355.9
+# TFLOP/s (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-06.json, its last hd192 variant: the one that
+# file's rounds timed); the Triton passes it replaces: about 258 (backward time of the fwd+bwd row
+# less the forward row, benchmarks/results/h100_bench_fwdbwd_2026-12-07.json and
+# h100_bench_fwd_2026-12-07.json). Two runs, not one process: the side-by-side A/B is owed
+WS_BWD_ROLES_DQ = dataclasses.replace(WS_BWD_ROLES, dq_block_m=128, dq_consumers=2)
 
 # The two-tile head dims whose default is the Gluon passes (two consumers over 128 keys and the
 # Gluon dQ pass at hd80 / hd96, split roles and the Triton dQ pass at hd192). H100, backward only,
 # causal B4 H32 S4096, against the Triton TMA passes in one process, two rounds alternated
 # (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-07.json): hd96 331 -> 380 TFLOP/s, hd80 273 -> 356.
-# Packed documents keep the Triton passes there (check_ws_bwd). hd192 (split roles, WS_BWD_ROLES)
-# is not in it until timed beside the Triton passes
-WS_BWD_TWO_TILE_DEFAULT = (80, 96)
+# Packed documents keep the Triton passes there (check_ws_bwd). hd192 takes WS_BWD_ROLES_DQ since
+# session 58 (the measurements above it)
+WS_BWD_TWO_TILE_DEFAULT = (80, 96, 192)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles
 # Expression kernels' defaults on the Gluon passes. H100, forward+backward ms beside the Triton
@@ -284,8 +291,12 @@ def default_bwd_config(spec: KernelSpec, device_kind: str = "cuda", window: int 
     tma = spec.target == "sm90"
     short = expr_short_reach(spec)
     two_tile = len(spec.head_chunks("qk")) > 1
-    if tma and not (spec.has_expr and not WS_EXPR_DEFAULT) and (d in WS_BWD_TWO_TILE_DEFAULT or not two_tile):
-        ws = WS_BWD_ROLES if d > 128 else WS_BWD_DEFAULT if d > 64 else WS_BWD_DEFAULT_HD64
+    # hd192's expression kernels keep the Triton passes: the Gluon ones are GPU-tested there on
+    # built-in masks only (tests/gpu/test_gpu_grid.py)
+    gluon_two_tile = d in WS_BWD_TWO_TILE_DEFAULT and not (d == 192 and spec.has_expr)
+    if tma and not (spec.has_expr and not WS_EXPR_DEFAULT) and (gluon_two_tile or not two_tile):
+        ws = (WS_BWD_ROLES if d > 192 else WS_BWD_ROLES_DQ if d > 128 else WS_BWD_DEFAULT if d > 64
+              else WS_BWD_DEFAULT_HD64)
         if spec.has_expr and not ws_dq_takes(spec):
             ws = bwd_triton_fallback(ws, dkdv=False, dq=True)  # gradients of parameters / sinks
         if check_bwd(spec, ws) is None:

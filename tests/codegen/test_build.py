@@ -569,7 +569,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
 @pytest.mark.parametrize("d, cfg_name, widths, dq_pass", [(96, "WS_BWD_DEFAULT", (64, 32), "_attn_bwd_dq_ws"),
                                                            (80, "WS_BWD_DEFAULT_HD64", (64, 16), "_attn_bwd_dq_tma"),
                                                            (192, "WS_BWD_ROLES", (128, 64), "_attn_bwd_dq_tma"),
-                                                           (192, "roles+dq", (128, 64), "_attn_bwd_dq_ws")])
+                                                           (192, "WS_BWD_ROLES_DQ", (128, 64), "_attn_bwd_dq_ws")])
 def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, widths, dq_pass):
     """Head dims of two column tiles (80, 96, 192): the Gluon passes get one descriptor per tensor
     and tile (desc_q0 / desc_q1, ..., as wide as the tiles, rows as the one-tile passes have them);
@@ -579,8 +579,7 @@ def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, wid
     from attngen.runtime import loader
     from attngen.spec import KernelSpec
 
-    cfg = (dataclasses.replace(configs.WS_BWD_ROLES, dq_consumers=2, dq_block_m=128) if cfg_name == "roles+dq"
-           else getattr(configs, cfg_name))
+    cfg = getattr(configs, cfg_name)
     spec = KernelSpec("bwd", "bf16", "sm90", d, d, 2, "causal")
     assert configs.check_bwd(spec, cfg) is None
     # packed documents keep the Triton passes at these head dims (a GPU grid case failed there)

@@ -116,12 +116,12 @@ BWD_PATHS = [
                                    BwdConfig(32, 64, 4, 1, 64, 32, 4, 1, tma=True, atomic_dq=True)),
          ("_attn_bwd_dkdv_tma",)),
     # both Gluon passes take the two-tile head dims (80, 96: bwd:gluon, their default since
-    # session 56; 192: bwd:gluon-roles-dq) as the one-tile ones (64, 128)
+    # session 56; 192: bwd:gluon-roles-dq, its default since session 58) as the one-tile ones (64, 128)
     Path("bwd:gluon", "bwd", (space.WS_BWD_DEFAULT,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
     Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     # split roles beside the Gluon dQ pass (hd192: Q and dO read from shared memory; up to hd128 in registers)
-    Path("bwd:gluon-roles-dq", "bwd", (dataclasses.replace(space.WS_BWD_ROLES, dq_consumers=2, dq_block_m=128),),
+    Path("bwd:gluon-roles-dq", "bwd", (space.WS_BWD_ROLES_DQ,),
          ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
 ]
 SM80_PATHS = [

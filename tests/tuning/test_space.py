@@ -234,9 +234,9 @@ def test_triton_fallback_of_the_warp_specialized_forward():
 def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     """sm90 backward calls of head dim 64 / 80 / 96 / 128 / 192 / 256 without softcapping, dense or
     packed documents, take the Gluon passes (BwdConfig.consumers, dq_consumers; hd64 keeps the
-    Triton dQ pass, which won there; hd192 / hd256 the dK/dV pass with split roles and the Triton dQ
-    pass); softcapping, other head dims, sm80 and the CPU do not."""
-    two_tile = ((80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES))
+    Triton dQ pass, which won there; hd192 the dK/dV pass with split roles beside the Gluon dQ pass,
+    hd256 beside the Triton dQ pass); softcapping, other head dims, sm80 and the CPU do not."""
+    two_tile = ((80, space.WS_BWD_DEFAULT), (96, space.WS_BWD_DEFAULT), (192, space.WS_BWD_ROLES_DQ))
     for d, want in ((64, space.WS_BWD_DEFAULT_HD64), (128, space.WS_BWD_DEFAULT), (256, space.WS_BWD_ROLES),
                     *(x for x in two_tile if x[0] in space.WS_BWD_TWO_TILE_DEFAULT)):
         for mask in ("none", "causal", "sliding_window"):
@@ -248,6 +248,12 @@ def test_sm90_default_backward_is_the_warp_specialized_one_where_it_exists():
     assert space.default_bwd_config(docs, "cuda") == space.WS_BWD_DEFAULT  # packed documents too
     assert space.default_bwd_config(docs.replace(head_dim_qk=256, head_dim_v=256), "cuda") == space.WS_BWD_ROLES
     assert space.WS_BWD_ROLES.roles and space.WS_BWD_ROLES.dq_consumers == 0
+    assert space.WS_BWD_ROLES_DQ.roles and space.WS_BWD_ROLES_DQ.dq_consumers == 2
+    assert set(space.WS_BWD_TWO_TILE_DEFAULT) == {80, 96, 192}
+    hd192_docs = docs.replace(head_dim_qk=192, head_dim_v=192)  # packed documents keep the Triton passes there
+    assert not space.default_bwd_config(hd192_docs, "cuda").consumers
+    hd192_expr = KernelSpec("bwd", "bf16", "sm90", 192, 192, 1, "none", mask_expr="q_idx >= kv_idx")
+    assert not space.default_bwd_config(hd192_expr, "cuda").consumers  # GPU-tested on built-in masks only
     for d, want in two_tile:  # valid there whether or not they are the default
         assert space.check_bwd(KernelSpec("bwd", "bf16", "sm90", d, d, 4, "causal"), want) is None, d
     for s in (KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", softcap=True),
