@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The GPU runs issue 48 still owes (docs/notes.md, session 58), one step per argument, each sized
+# for one device call; everything goes to $OUT (default benchmarks/results/tmp/), logs whole.
+#
+#   benchmarks/tools/gpu_pending.sh ab-hd192      # ~90 s: hd192's backward, the new default (split roles
+#                                                 # + Gluon dQ) against the Triton passes it replaced
+#   benchmarks/tools/gpu_pending.sh dq-lpt        # ~120 s: the Gluon dQ pass in LPT order (tile_order)
+#   benchmarks/tools/gpu_pending.sh ima           # ~150 s: the 20,000-document case beside a memory hog,
+#                                                 # plain and under compute-sanitizer memcheck
+#   benchmarks/tools/gpu_pending.sh sanitize      # ~200 s: memcheck over the grid's forced paths (a sample)
+#   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
+#
+# Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
+# column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-$PWD/benchmarks/results/tmp}"
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/env.txt"
+git log --oneline -1 >> "$OUT/env.txt" 2>/dev/null
+
+# the Triton passes hd192 ran before session 58 (default_bwd_config's d > 128 table) and
+# WS_BWD_ROLES_DQ, its default since; --config keeps every field it does not name from the default
+OLD_HD192=32,64,4,2,64,64,4,2,split_dkdv=True,consumers=0,dq_consumers=0,roles=False
+NEW_HD192=64,64,4,2,128,64,4,2,consumers=2,roles=True,dq_consumers=2,split_dkdv=False
+
+hog() {  # a process holding all but $1 GiB of the GPU's memory, for $2 seconds
+  python3 - "$1" "$2" <<'PY' &
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+x = torch.empty(max(free - (int(sys.argv[1]) << 30), 0), dtype=torch.uint8, device="cuda")
+print(f"hog: {x.numel() / 2**30:.1f} GiB held", flush=True)
+time.sleep(float(sys.argv[2]))
+PY
+  HOG=$!
+  sleep 8
+}
+
+status=0
+for step in "$@"; do
+  start=$SECONDS
+  case "$step" in
+    ab-hd192)
+      python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_hd192.json" --cases 8 --rounds 2 --kernel-times \
+        --config "$OLD_HD192" --config "$NEW_HD192" 2>&1 | tee "$OUT/ab_bwd_hd192.log"; rc=${PIPESTATUS[0]} ;;
+    dq-lpt)
+      python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_dq_lpt.json" --cases 2,0 --rounds 2 --kernel-times \
+        --switch tile_order=grouped,lpt 2>&1 | tee "$OUT/ab_bwd_dq_lpt.log"; rc=${PIPESTATUS[0]} ;;
+    ima)
+      # 12 GiB left: the case needs about 4 (inputs, gradients, the float32 references of 2,000 documents)
+      hog 12 140
+      python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
+        2>&1 | tee "$OUT/ima_plain.log"; rc=${PIPESTATUS[0]}
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 50 \
+        python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
+        2>&1 | tee "$OUT/ima_memcheck.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null ;;
+    sanitize)
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 20 --target-processes all \
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_grid.py \
+        -k "test_forced_path and (hd72- or hd64- or hd192- or hd203-)" 2>&1 | tee "$OUT/sanitizer_grid.log"
+      rc=${PIPESTATUS[0]} ;;
+    bench-hd192)
+      python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
+        --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | sanitize | bench-hd192)" >&2; status=2; continue ;;
+  esac
+  echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
+  [ "$rc" -eq 0 ] || status=1
+done
+exit $status
