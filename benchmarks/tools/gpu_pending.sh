@@ -7,6 +7,7 @@
 #   benchmarks/tools/gpu_pending.sh dq-lpt        # ~120 s: the Gluon dQ pass in LPT order (tile_order)
 #   benchmarks/tools/gpu_pending.sh ima           # ~150 s: the 20,000-document case beside a memory hog,
 #                                                 # plain and under compute-sanitizer memcheck
+#   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3 rounds
 #   benchmarks/tools/gpu_pending.sh sanitize      # ~200 s: memcheck over the grid's forced paths (a sample)
 #   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
 #
@@ -57,6 +58,21 @@ for step in "$@"; do
         python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
         2>&1 | tee "$OUT/ima_memcheck.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null ;;
+    ima-concurrent)
+      # the case in four processes at once, three rounds: the two failures so far came with eight
+      # test processes time-slicing the GPU, none with the case alone
+      rc=0
+      for round in 1 2 3; do
+        pids=()
+        for w in 1 2 3 4; do
+          python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
+            > "$OUT/ima_concurrent_r${round}_p${w}.log" 2>&1 &
+          pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p" || rc=1; done
+        echo "round $round: $(grep -h -E 'passed|failed' "$OUT"/ima_concurrent_r${round}_p*.log | tr '\n' ' ')"
+      done 2>&1 | tee "$OUT/ima_concurrent.txt"
+      grep -q failed "$OUT/ima_concurrent.txt" && rc=1 ;;
     sanitize)
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 20 --target-processes all \
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_grid.py \
@@ -65,7 +81,7 @@ for step in "$@"; do
     bench-hd192)
       python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | sanitize | bench-hd192)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
