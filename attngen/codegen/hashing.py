@@ -4,6 +4,7 @@ the Python version (tests/codegen/test_kernel_hash.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 KERNEL_HASH_LEN = 16
@@ -63,6 +64,7 @@ def _tokens(source: str):
             yield _TOKEN_IDS.get(name, tok.type), tok.string, tok.line
 
 
+@functools.lru_cache(maxsize=512)  # a pure function of the text; the tuner's plan renders every kernel per call
 def kernel_hash(source: str) -> str:
     """The content hash of a generated module: of its Python tokens, without comments (the stamp
     header is comments), blank lines and line breaks inside brackets, and without its own
