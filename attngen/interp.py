@@ -16,6 +16,12 @@ tests apply it before running a kernel through the interpreter (idempotent):
   round-to-nearest-even gives 2.0 and 96; upstream triton issue 8322), and values past 448 are not
   saturated: ``create_fp_to_fp`` converts to e4m3 through torch's float8_e4m3fn (round to nearest
   even) after clamping to +-448, as the GPU's saturating conversion (cvt.rn.satfinite) does.
+
+Two changes of speed only, the same values computed (the CPU suite's interpreter tests are most of
+its time): a ``@triton.jit`` helper called inside a kernel skips the interpreter's re-patching of
+``triton.language`` when the launch in progress already patched every language module the helper
+sees (it re-patched all of them on every call: a tenth of a backward kernel test's time), and the
+numpy dtype of a Triton dtype is looked up once (the interpreter rebuilt a 19-entry table per call).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 _PATCHED = False
 ORIGINAL_CREATE_DOT = None  # the interpreter's own create_dot, kept for the test that shows the bug
 ORIGINAL_FP_TO_FP = None  # the interpreter's own create_fp_to_fp (the fp8 downcast's test)
+ORIGINAL_HELPER_CALL = None  # the interpreter's own InterpretedFunction.__call__ (the speed test's)
 E4M3_MAX = 448.0
 
 
@@ -59,7 +66,68 @@ def patch_interpreter() -> None:
     ti.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
     if not hasattr(ti.InterpreterBuilder, "create_descriptor_reduce"):
         ti.InterpreterBuilder.create_descriptor_reduce = _create_descriptor_reduce
+    _patch_speed(ti, tl)
     _PATCHED = True
+
+
+def _patch_speed(ti, tl) -> None:
+    """The two speed changes of the module doc."""
+    global ORIGINAL_HELPER_CALL
+    launches: list[frozenset] = []  # the language modules each launch in progress patched
+    seen: dict = {}
+
+    def langs(fn) -> frozenset:  # as the interpreter's _patch_lang finds them
+        key = seen.get(fn)
+        if key is None:
+            key = seen[fn] = frozenset(id(v) for v in list(fn.__globals__.values())
+                                       if isinstance(v, type(tl)) and (v is tl or v is tl.core))
+        return key
+
+    grid_call = ti.GridExecutor.__call__
+
+    @functools.wraps(grid_call)
+    def launch(self, *args, **kwargs):
+        launches.append(langs(self.fn))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            launches.pop()
+
+    helper_call = ORIGINAL_HELPER_CALL = ti.InterpretedFunction.__call__
+
+    @functools.wraps(helper_call)
+    def call(self, *args, **kwargs):
+        if not launches:
+            return helper_call(self, *args, **kwargs)
+        mine = langs(self.fn)
+        if not mine <= launches[-1]:
+            # the interpreter patches them first thing (Triton's standard library sees
+            # triton.language.core, a kernel module triton.language) and never restores them
+            launches[-1] |= mine
+            return helper_call(self, *args, **kwargs)
+        fn = self.rewrite()  # Triton 3.6's InterpretedFunction.__call__ without its _patch_lang
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise ti.InterpreterError(repr(e)) from e
+
+    ti.GridExecutor.__call__ = launch
+    ti.InterpretedFunction.__call__ = call
+    np_dtype = ti._get_np_dtype
+    table: dict = {}
+
+    @functools.wraps(np_dtype)
+    def get_np_dtype(tt_dtype):
+        if isinstance(tt_dtype, tl.block_type):  # a block's is its element's (pointers: uint64 both)
+            tt_dtype = tt_dtype.element_ty
+        if isinstance(tt_dtype, tl.pointer_type):  # (not hashable)
+            return np_dtype(tt_dtype)
+        out = table.get(tt_dtype)
+        if out is None:
+            out = table[tt_dtype] = np_dtype(tt_dtype)
+        return out
+
+    ti._get_np_dtype = get_np_dtype
 
 
 def _create_descriptor_reduce(self, kind, desc, value, indices):

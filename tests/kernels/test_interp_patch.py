@@ -103,3 +103,46 @@ def test_patched_fp8_downcast_rounds_to_nearest_even_and_saturates():
     assert torch.equal(_e4m3(x), x.clamp(-448, 448).to(torch.float8_e4m3fn).float())
     xh = x.clamp(-60000, 60000).half()  # an fp16 source takes the same path
     assert torch.equal(_e4m3(xh), xh.float().clamp(-448, 448).to(torch.float8_e4m3fn).float())
+
+
+@triton.jit
+def _scaled(x, s):
+    return x * s
+
+
+@triton.jit
+def _helper_kernel(X, Y, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(X + r)
+    for i in range(4):  # a helper called on every iteration of every program
+        x = _scaled(x, 2.0)
+    tl.store(Y + r, tl.maximum(x, 0.0) + tl.sum(x, axis=0))  # tl.sum: a helper of Triton's own
+
+
+def test_helpers_inside_a_launch_do_not_repatch_the_language(monkeypatch):
+    """The speed change of attngen.interp: a helper called inside a launch skips the interpreter's
+    re-patching of triton.language once the launch has patched what the helper sees (a launch:
+    one patch of the kernel's modules, one for Triton's standard library, not one per helper
+    call); the values are the unpatched interpreter's, and the launch leaves the language as it
+    found it."""
+    from triton.runtime import interpreter as ti
+
+    interp.patch_interpreter()
+    calls = []
+    real = ti._patch_lang
+    monkeypatch.setattr(ti, "_patch_lang", lambda fn: calls.append(fn.__name__) or real(fn))
+    arange = tl.arange
+    x = torch.randn(16, generator=torch.Generator().manual_seed(3))
+    y = torch.full((16,), float("nan"))
+    _helper_kernel[(3,)](x, y, N=16)
+    z = x * 16
+    torch.testing.assert_close(y, z.clamp(min=0) + z.sum(), rtol=1e-6, atol=1e-5)
+    assert calls.count("_scaled") == 0 and calls.count("_helper_kernel") == 1, calls
+    assert len(calls) <= 2, calls  # the kernel's, and at most one for the standard library's modules
+    assert tl.arange is arange  # restored after the launch
+    calls.clear()
+    monkeypatch.setattr(ti.InterpretedFunction, "__call__", interp.ORIGINAL_HELPER_CALL)
+    y2 = torch.full((16,), float("nan"))
+    _helper_kernel[(3,)](x, y2, N=16)
+    assert torch.equal(y, y2)  # the interpreter's own path: the same values
+    assert calls.count("_scaled") == 12, calls  # 4 calls x 3 programs, each one re-patching
