@@ -10,6 +10,10 @@
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3 rounds
 #   benchmarks/tools/gpu_pending.sh sanitize      # ~200 s: memcheck over the grid's forced paths (a sample)
 #   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
+#   benchmarks/tools/gpu_pending.sh tune-mha-decode  # ~300 s: winners for the MHA hd128 decode kernels
+#                                                 # (specs/llama2.yaml) at the bench's two MHA buckets, into
+#                                                 # a copy of the shipped database ($OUT/attngen.sqlite);
+#                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
 #
 # Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
 # column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
@@ -81,7 +85,13 @@ for step in "$@"; do
     bench-hd192)
       python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192)" >&2; status=2; continue ;;
+    tune-mha-decode)
+      cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
+      timeout 290 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
+        --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --shapes q1_k32768_bh32,q1_k8192_bh256 \
+        --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_mha_decode.log"
+      rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
