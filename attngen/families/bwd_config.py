@@ -250,7 +250,7 @@ WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, role
 WS_BWD_ROLES_DQ = dataclasses.replace(WS_BWD_ROLES, dq_block_m=128, dq_consumers=2)
 
 # The two-tile head dims whose default is the Gluon passes (two consumers over 128 keys and the
-# Gluon dQ pass at hd80 / hd96, split roles and the Triton dQ pass at hd192). H100, backward only,
+# Gluon dQ pass at hd80 / hd96, split roles beside the Gluon dQ pass at hd192). H100, backward only,
 # causal B4 H32 S4096, against the Triton TMA passes in one process, two rounds alternated
 # (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-07.json): hd96 331 -> 380 TFLOP/s, hd80 273 -> 356.
 # Packed documents keep the Triton passes there (check_ws_bwd). hd192 takes WS_BWD_ROLES_DQ since
