@@ -14,6 +14,8 @@
 #                                                 # (specs/llama2.yaml) at the bench's two MHA buckets, into
 #                                                 # a copy of the shipped database ($OUT/attngen.sqlite);
 #                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
+#   benchmarks/tools/gpu_pending.sh tune-hd64-decode  # ~150 s: the same for the hd64 GQA 32/8 decode kernel
+#                                                 # (specs/llama3_2_1b.yaml) at the bench's hd64 bucket
 #
 # Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
 # column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
@@ -86,12 +88,18 @@ for step in "$@"; do
       python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
     tune-mha-decode)
-      cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
+      [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
       timeout 290 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
         --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --shapes q1_k32768_bh32,q1_k8192_bh256 \
         --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_mha_decode.log"
       rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode)" >&2; status=2; continue ;;
+    tune-hd64-decode)
+      [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
+      timeout 200 python3 -m attngen.cli tune --device auto --spec specs/llama3_2_1b.yaml --family decode \
+        --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --shapes q1_k32768_bh256 \
+        --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_hd64_decode.log"
+      rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
