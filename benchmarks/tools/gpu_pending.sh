@@ -16,6 +16,7 @@
 #                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
 #   benchmarks/tools/gpu_pending.sh tune-hd64-decode  # ~150 s: the same for the hd64 GQA 32/8 decode kernel
 #                                                 # (specs/llama3_2_1b.yaml) at the bench's hd64 bucket
+#   benchmarks/tools/gpu_pending.sh bench-decode-db  # ~90 s: the decode bench reading $OUT/attngen.sqlite
 #
 # Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
 # column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
@@ -99,7 +100,11 @@ for step in "$@"; do
         --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --shapes q1_k32768_bh256 \
         --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_hd64_decode.log"
       rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode)" >&2; status=2; continue ;;
+    bench-decode-db)
+      # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
+      ATTNGEN_DB="$OUT/attngen.sqlite" python3 -m attngen.cli bench --mode decode \
+        --out "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log"; rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode | bench-decode-db)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
