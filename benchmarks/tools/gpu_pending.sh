@@ -10,7 +10,7 @@
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3 rounds
 #   benchmarks/tools/gpu_pending.sh sanitize      # ~200 s: memcheck over the grid's forced paths (a sample)
 #   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
-#   benchmarks/tools/gpu_pending.sh tune-mha-decode  # ~300 s: winners for the MHA hd128 decode kernels
+#   benchmarks/tools/gpu_pending.sh tune-mha-decode  # ~260 s: winners for the MHA hd128 decode kernels
 #                                                 # (specs/llama2.yaml) at the bench's two MHA buckets, into
 #                                                 # a copy of the shipped database ($OUT/attngen.sqlite);
 #                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
@@ -90,15 +90,15 @@ for step in "$@"; do
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
     tune-mha-decode)
       [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
-      timeout 290 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
+      timeout 260 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
         --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --shapes q1_k32768_bh32,q1_k8192_bh256 \
         --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_mha_decode.log"
       rc=${PIPESTATUS[0]} ;;
     tune-hd64-decode)
       [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
-      timeout 200 python3 -m attngen.cli tune --device auto --spec specs/llama3_2_1b.yaml --family decode \
+      timeout 150 python3 -m attngen.cli tune --device auto --spec specs/llama3_2_1b.yaml --family decode \
         --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --shapes q1_k32768_bh256 \
-        --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_hd64_decode.log"
+        --trials 16 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_hd64_decode.log"
       rc=${PIPESTATUS[0]} ;;
     bench-decode-db)
       # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
