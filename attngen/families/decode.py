@@ -105,7 +105,10 @@ SPACE: dict[str, tuple] = {
     "block_n": (32, 64, 128),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4),
-    "num_splits": (0, 1, 8, 32),
+    # 0: splits() from shapes (two programs per SM); 64: four per SM at B1 GQA 32/8 (8 rows), where
+    # the shapes' 32 splits leave each SM two programs streaming 4,096 keys each (KV128k: 0.87 of the
+    # copy bandwidth on the H100 against cuDNN's 0.93, benchmarks/results/h100_bench_decode_2026-12-07.json)
+    "num_splits": (0, 1, 8, 32, 64),
 }
 
 

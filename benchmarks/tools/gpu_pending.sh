@@ -16,7 +16,10 @@
 #                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
 #   benchmarks/tools/gpu_pending.sh tune-hd64-decode  # ~150 s: the same for the hd64 GQA 32/8 decode kernel
 #                                                 # (specs/llama3_2_1b.yaml) at the bench's hd64 bucket
-#   benchmarks/tools/gpu_pending.sh bench-decode-db  # ~90 s: the decode bench reading $OUT/attngen.sqlite
+#   benchmarks/tools/gpu_pending.sh tune-b1-decode  # ~150 s: the GQA 32/8 hd128 B1 buckets again, with 64
+#                                                 # splits in the space (four programs per SM)
+#   benchmarks/tools/gpu_pending.sh bench-decode-db  # ~90 s: the decode bench reading the tune steps'
+#                                                 # database ($TUNE_DB, default $OUT/attngen.sqlite)
 #
 # Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
 # column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
@@ -26,6 +29,8 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/benchmarks/results/tmp}"
 mkdir -p "$OUT"
+# the tune steps' database (a copy of the shipped one unless it exists) and the one bench-decode-db reads
+DB="${TUNE_DB:-$OUT/attngen.sqlite}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/env.txt"
 git log --oneline -1 >> "$OUT/env.txt" 2>/dev/null
 
@@ -89,22 +94,28 @@ for step in "$@"; do
       python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
     tune-mha-decode)
-      [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
+      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
       timeout 260 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
         --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --shapes q1_k32768_bh32,q1_k8192_bh256 \
-        --trials 24 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_mha_decode.log"
+        --trials 24 --storage "$DB" 2>&1 | tee "$OUT/tune_mha_decode.log"
       rc=${PIPESTATUS[0]} ;;
     tune-hd64-decode)
-      [ -f "$OUT/attngen.sqlite" ] || cp tuning_db/attngen.sqlite "$OUT/attngen.sqlite"
+      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
       timeout 150 python3 -m attngen.cli tune --device auto --spec specs/llama3_2_1b.yaml --family decode \
         --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --shapes q1_k32768_bh256 \
-        --trials 16 --storage "$OUT/attngen.sqlite" 2>&1 | tee "$OUT/tune_hd64_decode.log"
+        --trials 16 --storage "$DB" 2>&1 | tee "$OUT/tune_hd64_decode.log"
+      rc=${PIPESTATUS[0]} ;;
+    tune-b1-decode)
+      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
+      timeout 150 python3 -m attngen.cli tune --device auto --family decode \
+        --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
+        --trials 12 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_decode.log"
       rc=${PIPESTATUS[0]} ;;
     bench-decode-db)
       # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
-      ATTNGEN_DB="$OUT/attngen.sqlite" python3 -m attngen.cli bench --mode decode \
+      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode \
         --out "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode | bench-decode-db)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | bench-decode-db)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
