@@ -242,11 +242,11 @@ WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumer
 # (causal 368 vs 448, GQA 32/8 399 vs 429; h200_ab_bwd_roles_2026-12-01.json)
 WS_BWD_ROLES = BwdConfig(64, 64, 4, 2, 64, 64, 4, 2, tma=True, consumers=2, roles=True)
 # hd192: split roles beside the Gluon dQ pass (two consumers of 64 query rows, Q and dO read from
-# shared memory; hd256's dQ tiles do not fit it). H100, causal B4 H16 S4096, backward only: 355.9
-# TFLOP/s (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-06.json, its last hd192 variant: the one that
-# file's rounds timed); the Triton passes it replaces: about 258 (backward time of the fwd+bwd row
-# less the forward row, benchmarks/results/h100_bench_fwdbwd_2026-12-07.json and
-# h100_bench_fwd_2026-12-07.json). Two runs, not one process: the side-by-side A/B is owed
+# shared memory; hd256's dQ tiles do not fit it). H100, causal B4 H16 S4096, backward only, against
+# the Triton TMA passes it replaced (split dK / dV), two rounds alternated in one process: 2.87 / 3.04
+# ms (339 TFLOP/s) against 4.18 / 4.13 ms (246), 1.37x; per kernel, dK/dV 1602 vs 2403 us and dQ
+# 1189 vs 1543 (benchmarks/ab/h100_ab_bwd_hd192_2026-12-07.json). The bench row after it: fwd+bwd
+# 386 TFLOP/s, 1.13x cuDNN (benchmarks/results/h100_bench_hd192_2026-12-07.json)
 WS_BWD_ROLES_DQ = dataclasses.replace(WS_BWD_ROLES, dq_block_m=128, dq_consumers=2)
 
 # The two-tile head dims whose default is the Gluon passes (two consumers over 128 keys and the
@@ -254,7 +254,7 @@ WS_BWD_ROLES_DQ = dataclasses.replace(WS_BWD_ROLES, dq_block_m=128, dq_consumers
 # causal B4 H32 S4096, against the Triton TMA passes in one process, two rounds alternated
 # (benchmarks/ab/h100_ab_bwd_two_tile_2026-12-07.json): hd96 331 -> 380 TFLOP/s, hd80 273 -> 356.
 # Packed documents keep the Triton passes there (check_ws_bwd). hd192 takes WS_BWD_ROLES_DQ since
-# session 58 (the measurements above it)
+# session 58 (its A/B above it)
 WS_BWD_TWO_TILE_DEFAULT = (80, 96, 192)
 
 SHORT_WINDOW = 2048  # keys a query sees, at most, for the window backward's short-window tiles

@@ -105,10 +105,11 @@ SPACE: dict[str, tuple] = {
     "block_n": (32, 64, 128),
     "num_warps": (2, 4, 8),
     "num_stages": (1, 2, 3, 4),
-    # 0: splits() from shapes (two programs per SM); 64: four per SM at B1 GQA 32/8 (8 rows), where
-    # the shapes' 32 splits leave each SM two programs streaming 4,096 keys each (KV128k: 0.87 of the
-    # copy bandwidth on the H100 against cuDNN's 0.93, benchmarks/results/h100_bench_decode_2026-12-07.json)
-    "num_splits": (0, 1, 8, 32, 64),
+    # 0: splits() from shapes (two programs per SM). 64 splits (four programs per SM at B1 GQA 32/8)
+    # was in the space for one H100 tune run and lost every trial: B1 KV128k 2252-2546 GB/s against
+    # 2712, KV32k 1338-1497 against 1930, the MHA and hd64 buckets likewise
+    # (benchmarks/results/h100_tune_decode_mha_hd64_2026-12-07.log)
+    "num_splits": (0, 1, 8, 32),
 }
 
 

@@ -8,7 +8,9 @@
 #   benchmarks/tools/gpu_pending.sh ima           # ~150-400 s: the 20,000-document case beside a memory hog,
 #                                                 # plain and under compute-sanitizer memcheck
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3 rounds
-#   benchmarks/tools/gpu_pending.sh sanitize      # ~200 s: memcheck over the grid's forced paths (a sample)
+#   benchmarks/tools/gpu_pending.sh sanitize      # 300+ s (cold compiles under memcheck): the grid's forced paths (a sample)
+#   benchmarks/tools/gpu_pending.sh sanitize-suites  # ~400 s (compiles under memcheck are slow): the decode
+#                                                 # and fp8 GPU suites under memcheck
 #   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
 #   benchmarks/tools/gpu_pending.sh tune-mha-decode  # ~260 s: winners for the MHA hd128 decode kernels
 #                                                 # (specs/llama2.yaml) at the bench's two MHA buckets, into
@@ -90,6 +92,17 @@ for step in "$@"; do
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_grid.py \
         -k "test_forced_path and (hd72- or hd64- or hd192- or hd203-)" 2>&1 | tee "$OUT/sanitizer_grid.log"
       rc=${PIPESTATUS[0]} ;;
+    sanitize-suites)
+      # the decode and fp8 GPU suites under memcheck. Without the caching allocator (so a read past
+      # a tensor is not hidden inside a cached block) but for the CUDA-graph tests: capture needs the
+      # caching allocator (without it torch.empty calls cudaMalloc inside the capture, which CUDA
+      # refuses: error 900, a failure of the test, not of a kernel)
+      S="compute-sanitizer --tool memcheck --print-limit 20 --target-processes all"
+      SUITES="tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_fp8.py tests/gpu/test_gpu_fp8_ws.py"
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k "not graph" \
+        2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
+      $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     bench-hd192)
       python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
         --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
@@ -115,7 +128,7 @@ for step in "$@"; do
       # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
       ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode \
         --out "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | bench-decode-db)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | sanitize-suites | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | bench-decode-db)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
