@@ -20,6 +20,8 @@
 #                                                 # (specs/llama3_2_1b.yaml) at the bench's hd64 bucket
 #   benchmarks/tools/gpu_pending.sh tune-b1-decode  # ~150 s: the GQA 32/8 hd128 B1 buckets again, with 64
 #                                                 # splits in the space (four programs per SM)
+#   benchmarks/tools/gpu_pending.sh decode-splits  # ~60 s: decode split counts by rule (ceil / floor /
+#                                                 # balanced per SM) against the runtime's, 8 shapes
 #   benchmarks/tools/gpu_pending.sh bench-decode-db  # ~90 s: the decode bench reading the tune steps'
 #                                                 # database ($TUNE_DB, default $OUT/attngen.sqlite)
 #
@@ -124,11 +126,14 @@ for step in "$@"; do
         --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
         --trials 12 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_decode.log"
       rc=${PIPESTATUS[0]} ;;
+    decode-splits)
+      python3 benchmarks/tools/decode_splits_ab.py --rounds 2 --out "$OUT/ab_decode_splits.json" 2>&1 \
+        | tee "$OUT/ab_decode_splits.log"; rc=${PIPESTATUS[0]} ;;
     bench-decode-db)
       # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
       ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode \
         --out "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | sanitize-suites | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | bench-decode-db)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | sanitize-suites | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | decode-splits | bench-decode-db)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
