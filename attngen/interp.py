@@ -17,11 +17,16 @@ tests apply it before running a kernel through the interpreter (idempotent):
   saturated: ``create_fp_to_fp`` converts to e4m3 through torch's float8_e4m3fn (round to nearest
   even) after clamping to +-448, as the GPU's saturating conversion (cvt.rn.satfinite) does.
 
-Two changes of speed only, the same values computed (the CPU suite's interpreter tests are most of
+Three changes of speed only, the same values computed (the CPU suite's interpreter tests are most of
 its time): a ``@triton.jit`` helper called inside a kernel skips the interpreter's re-patching of
 ``triton.language`` when the launch in progress already patched every language module the helper
-sees (it re-patched all of them on every call: a tenth of a backward kernel test's time), and the
-numpy dtype of a Triton dtype is looked up once (the interpreter rebuilt a 19-entry table per call).
+sees (it re-patched all of them on every call: a tenth of a backward kernel test's time); the
+numpy dtype of a Triton dtype is looked up once (the interpreter rebuilt a 19-entry table per call);
+and the integer overflow check of ``+``, ``-`` and ``*`` on 32-bit operands is skipped when the
+interpreter does not run in debug mode. That check recomputes each operation in int64, compares
+the result with the type's bounds and hands the condition to ``device_assert``, which drops it
+outside debug mode (as the compiler does on a GPU): the work was done and thrown away, two fifths
+of a backward kernel test's time. In debug mode the check runs as before.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ _PATCHED = False
 ORIGINAL_CREATE_DOT = None  # the interpreter's own create_dot, kept for the test that shows the bug
 ORIGINAL_FP_TO_FP = None  # the interpreter's own create_fp_to_fp (the fp8 downcast's test)
 ORIGINAL_HELPER_CALL = None  # the interpreter's own InterpretedFunction.__call__ (the speed test's)
+ORIGINAL_OVERFLOW_CHECK = None  # the interpreter semantic's own overflow check (the speed test's)
 E4M3_MAX = 448.0
 
 
@@ -71,8 +77,8 @@ def patch_interpreter() -> None:
 
 
 def _patch_speed(ti, tl) -> None:
-    """The two speed changes of the module doc."""
-    global ORIGINAL_HELPER_CALL
+    """The three speed changes of the module doc."""
+    global ORIGINAL_HELPER_CALL, ORIGINAL_OVERFLOW_CHECK
     launches: list[frozenset] = []  # the language modules each launch in progress patched
     seen: dict = {}
 
@@ -128,6 +134,18 @@ def _patch_speed(ti, tl) -> None:
         return out
 
     ti._get_np_dtype = get_np_dtype
+    # the interpreter makes a TritonSemantic per patched builtin, so the class's method is wrapped;
+    # a compile for a GPU (another builder) takes the original path
+    semantic = type(ti.interpreter_semantic)
+    check = ORIGINAL_OVERFLOW_CHECK = semantic.binary_op_sanitize_overflow_impl
+
+    @functools.wraps(check)
+    def overflow_check(self, lhs, rhs, binary_op):
+        if isinstance(self.builder, ti.InterpreterBuilder) and not self.builder.options.debug:
+            return None  # device_assert would drop the condition (module doc)
+        return check(self, lhs, rhs, binary_op)
+
+    semantic.binary_op_sanitize_overflow_impl = overflow_check
 
 
 def _create_descriptor_reduce(self, kind, desc, value, indices):

@@ -2,6 +2,8 @@
 tensor-descriptor reduce; the patch (attngen/interp.py) makes the dots right and adds the reduce.
 If Triton fixes the dot bug, the first test tells us to drop that part."""
 
+import dataclasses
+
 import pytest
 import torch
 import triton
@@ -146,3 +148,42 @@ def test_helpers_inside_a_launch_do_not_repatch_the_language(monkeypatch):
     _helper_kernel[(3,)](x, y2, N=16)
     assert torch.equal(y, y2)  # the interpreter's own path: the same values
     assert calls.count("_scaled") == 12, calls  # 4 calls x 3 programs, each one re-patching
+
+
+@triton.jit
+def _int_kernel(X, Y, N: tl.constexpr):
+    r = tl.arange(0, N)
+    x = tl.load(X + r)
+    tl.store(Y + r, x * 65536 + r * 3 - 7)  # int32 operands: the overflow check's operations
+
+
+def test_overflow_check_runs_only_in_debug_mode(monkeypatch):
+    """The third speed change of attngen.interp: outside debug mode the interpreter's int32
+    overflow check (an int64 recomputation whose condition device_assert drops) is skipped, with
+    the same values as the interpreter's own path, which does that work (its int64 casts counted);
+    in debug mode the check still runs and catches an overflow."""
+    from triton.runtime import interpreter as ti
+
+    interp.patch_interpreter()
+    casts = []
+    real_cast = ti.InterpreterBuilder.create_int_cast
+    monkeypatch.setattr(ti.InterpreterBuilder, "create_int_cast",
+                        lambda self, *a: casts.append(1) or real_cast(self, *a))
+    x = torch.randint(-30000, 30000, (16,), dtype=torch.int32, generator=torch.Generator().manual_seed(5))
+    x[0] = 40000  # 40000 * 65536 passes 2**31: wraps, as the GPU's int32 multiply does
+    y = torch.full((16,), -1, dtype=torch.int32)
+    _int_kernel[(2,)](x, y, N=16)
+    assert casts == [], "the overflow check ran outside debug mode"
+    want = (x.long() * 65536 + torch.arange(16) * 3 - 7 + 2**31) % 2**32 - 2**31
+    assert torch.equal(y.long(), want)
+    semantic = type(ti.interpreter_semantic)
+    monkeypatch.setattr(semantic, "binary_op_sanitize_overflow_impl", interp.ORIGINAL_OVERFLOW_CHECK)
+    y2 = torch.full((16,), -1, dtype=torch.int32)
+    _int_kernel[(2,)](x, y2, N=16)
+    assert torch.equal(y, y2) and casts, "the interpreter's own path: the same values, its casts done"
+    monkeypatch.undo()
+    interp.patch_interpreter()
+    monkeypatch.setattr(ti.interpreter_builder, "options", dataclasses.replace(ti.interpreter_builder.options,
+                                                                              debug=True))
+    with pytest.raises(Exception, match="overflow"):
+        _int_kernel[(2,)](x, torch.full((16,), -1, dtype=torch.int32), N=16)
