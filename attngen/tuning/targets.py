@@ -217,18 +217,24 @@ def space_for(spec: KernelSpec, fixed: dict | None = None) -> dict[str, tuple]:
 
 @functools.lru_cache(maxsize=256)
 def _drop_never_valid(spec: KernelSpec, items: tuple) -> tuple:
+    """For each candidate value not yet seen in a valid config, the configs that hold it, until one
+    is valid (every value of that config counts as seen): a value some valid config takes costs a
+    few checks, and only a value none takes costs its whole slice of the space (a scan of the whole
+    product in order would cost that much for any one such value)."""
     fam = family_of(spec.family)
     names = [name for name, _ in items]
     used: dict[str, set] = {name: set() for name in names}
-    missing = sum(len(cands) for _, cands in items)  # candidate values no valid config took yet
-    for values in itertools.product(*(cands for _, cands in items)):
-        if fam.check(spec, fam.config(**dict(zip(names, values)))) is None:
-            for name, value in zip(names, values):
-                if value not in used[name]:
-                    used[name].add(value)
-                    missing -= 1
-            if not missing:  # every value is taken by some valid config: nothing to drop
-                break
+    for i, (name, cands) in enumerate(items):
+        others = [c for j, (_, c) in enumerate(items) if j != i]
+        for value in cands:
+            if value in used[name]:
+                continue
+            for rest in itertools.product(*others):
+                values = (*rest[:i], value, *rest[i:])
+                if fam.check(spec, fam.config(**dict(zip(names, values)))) is None:
+                    for n, v in zip(names, values):
+                        used[n].add(v)
+                    break
     if not used[names[0]]:  # nothing valid: the space as it is (the study reports it)
         return items
     return tuple((name, tuple(c for c in cands if c in used[name])) for name, cands in items)
