@@ -25,8 +25,8 @@ numpy dtype of a Triton dtype is looked up once (the interpreter rebuilt a 19-en
 and the integer overflow check of ``+``, ``-`` and ``*`` on 32-bit operands is skipped when the
 interpreter does not run in debug mode. That check recomputes each operation in int64, compares
 the result with the type's bounds and hands the condition to ``device_assert``, which drops it
-outside debug mode (as the compiler does on a GPU): the work was done and thrown away, two fifths
-of a backward kernel test's time. In debug mode the check runs as before.
+outside debug mode (as the compiler does on a GPU): the work was done and thrown away, about a
+third of a backward kernel test's time. In debug mode the check runs as before.
 """
 
 from __future__ import annotations

@@ -235,8 +235,8 @@ def _drop_never_valid(spec: KernelSpec, items: tuple) -> tuple:
                     for n, v in zip(names, values):
                         used[n].add(v)
                     break
-    if not used[names[0]]:  # nothing valid: the space as it is (the study reports it)
-        return items
+        if not used[names[0]]:  # the first field's slices are the whole space, and nothing in it is
+            return items        # valid: the space as it is (the study reports it)
     return tuple((name, tuple(c for c in cands if c in used[name])) for name, cands in items)
 
 

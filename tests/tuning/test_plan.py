@@ -104,3 +104,28 @@ def test_space_drops_values_no_valid_config_takes():
     bwd = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal")
     assert space_for(bwd)["dq_consumers"] == (0, 2)
     assert space_for(bwd, {"consumers": 2})["split_dkdv"] == (False,)
+
+
+def test_space_drops_only_the_values_no_valid_config_takes():
+    """space_for's validity pass (targets._drop_never_valid): a value no valid config of the kernel
+    takes leaves the space, every other stays, and a space with no valid config at all comes back
+    as it was (the study reports it); the result is the brute-force scan's."""
+    import itertools
+
+    from attngen.families import family as family_of
+    from attngen.tuning.targets import _drop_never_valid
+
+    spec = next(s for e in load_spec(SPECS / "llama.yaml").entries for s in e.kernel_specs()
+                if s.family == "decode" and s.target == "sm90")
+    fam = family_of("decode")
+    base = space.search_space(fam.config, "decode", "sm90")
+    items = tuple((k, v + (999,) if k == "num_splits" else v) for k, v in base.items())  # 999: never valid
+    kept = dict(_drop_never_valid.__wrapped__(spec, items))
+    names = [k for k, _ in items]
+    valid = [vals for vals in itertools.product(*(v for _, v in items))
+             if fam.check(spec, fam.config(**dict(zip(names, vals)))) is None]
+    assert kept == {k: tuple(c for c in v if any(vals[i] == c for vals in valid))
+                    for i, (k, v) in enumerate(items)}
+    assert 999 not in kept["num_splits"] and kept["num_splits"] == base["num_splits"]
+    never = tuple((k, (999,) if k == "num_splits" else v) for k, v in base.items())
+    assert _drop_never_valid.__wrapped__(spec, never) == never
