@@ -1,29 +1,19 @@
 #!/usr/bin/env bash
-# The GPU runs issue 48 still owes (docs/notes.md, session 58), one step per argument, each sized
-# for one device call; everything goes to $OUT (default benchmarks/results/tmp/), logs whole.
+# The GPU runs issue 48 still owes (docs/notes.md, sessions 58-60), one step per argument, each
+# sized for one device call; everything goes to $OUT (default benchmarks/results/tmp/), logs whole.
+# The steps that ran (ab-hd192, bench-hd192, the decode tune steps, decode-splits, bench-decode-db)
+# left with their conclusions in the docs: git show 1312942:benchmarks/tools/gpu_pending.sh
 #
-#   benchmarks/tools/gpu_pending.sh ab-hd192      # ~90 s: hd192's backward, the new default (split roles
-#                                                 # + Gluon dQ) against the Triton passes it replaced
 #   benchmarks/tools/gpu_pending.sh dq-lpt        # ~120 s: the Gluon dQ pass in LPT order (tile_order)
 #   benchmarks/tools/gpu_pending.sh ima           # ~150-400 s: the 20,000-document case beside a memory hog,
 #                                                 # plain and under compute-sanitizer memcheck
-#   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3 rounds
+#   benchmarks/tools/gpu_pending.sh ima-sweep     # ~150 s: the case beside hogs leaving 30 / 24 / 20 /
+#                                                 # 16 GiB, then three processes at once, twice
+#   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
+#                                                 # rounds (an 80 GiB card runs out of memory: ima-sweep)
 #   benchmarks/tools/gpu_pending.sh sanitize      # 300+ s (cold compiles under memcheck): the grid's forced paths (a sample)
-#   benchmarks/tools/gpu_pending.sh sanitize-suites  # ~400 s (compiles under memcheck are slow): the decode
-#                                                 # and fp8 GPU suites under memcheck
-#   benchmarks/tools/gpu_pending.sh bench-hd192   # ~60 s: the bench's hd192 row on this tree
-#   benchmarks/tools/gpu_pending.sh tune-mha-decode  # ~260 s: winners for the MHA hd128 decode kernels
-#                                                 # (specs/llama2.yaml) at the bench's two MHA buckets, into
-#                                                 # a copy of the shipped database ($OUT/attngen.sqlite);
-#                                                 # needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
-#   benchmarks/tools/gpu_pending.sh tune-hd64-decode  # ~150 s: the same for the hd64 GQA 32/8 decode kernel
-#                                                 # (specs/llama3_2_1b.yaml) at the bench's hd64 bucket
-#   benchmarks/tools/gpu_pending.sh tune-b1-decode  # ~150 s: the GQA 32/8 hd128 B1 buckets again, with 64
-#                                                 # splits in the space (four programs per SM)
-#   benchmarks/tools/gpu_pending.sh decode-splits  # ~60 s: decode split counts by rule (ceil / floor /
-#                                                 # balanced per SM) against the runtime's, 8 shapes
-#   benchmarks/tools/gpu_pending.sh bench-decode-db  # ~90 s: the decode bench reading the tune steps'
-#                                                 # database ($TUNE_DB, default $OUT/attngen.sqlite)
+#   benchmarks/tools/gpu_pending.sh sanitize-suites  # ~300-400 s (compiles under memcheck are slow): the
+#                                                 # decode and fp8 GPU suites under memcheck
 #
 # Steps run in the order given. Exit status: nonzero if any step failed. The fp8 bench's cuDNN
 # column needs nvidia-cudnn-frontend, which the device image lacks: carry its wheel (docs/notes.md).
@@ -33,15 +23,8 @@ cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-$PWD/benchmarks/results/tmp}"
 mkdir -p "$OUT"
-# the tune steps' database (a copy of the shipped one unless it exists) and the one bench-decode-db reads
-DB="${TUNE_DB:-$OUT/attngen.sqlite}"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader | tee "$OUT/env.txt"
 git log --oneline -1 >> "$OUT/env.txt" 2>/dev/null
-
-# the Triton passes hd192 ran before session 58 (default_bwd_config's d > 128 table) and
-# WS_BWD_ROLES_DQ, its default since; --config keeps every field it does not name from the default
-OLD_HD192=32,64,4,2,64,64,4,2,split_dkdv=True,consumers=0,dq_consumers=0,roles=False
-NEW_HD192=64,64,4,2,128,64,4,2,consumers=2,roles=True,dq_consumers=2,split_dkdv=False
 
 hog() {  # a process holding all but $1 GiB of the GPU's memory, for $2 seconds
   python3 - "$1" "$2" <<'PY' &
@@ -59,21 +42,52 @@ status=0
 for step in "$@"; do
   start=$SECONDS
   case "$step" in
-    ab-hd192)
-      python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_hd192.json" --cases 8 --rounds 2 --kernel-times \
-        --config "$OLD_HD192" --config "$NEW_HD192" 2>&1 | tee "$OUT/ab_bwd_hd192.log"; rc=${PIPESTATUS[0]} ;;
     dq-lpt)
       python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_dq_lpt.json" --cases 2,0 --rounds 2 --kernel-times \
         --switch tile_order=grouped,lpt 2>&1 | tee "$OUT/ab_bwd_dq_lpt.log"; rc=${PIPESTATUS[0]} ;;
     ima)
-      # 12 GiB left: the case needs about 4 (inputs, gradients, the float32 references of 2,000 documents)
-      hog 12 400
+      # 28 GiB left: the case peaks near 23 (four 2.6 GB bf16 inputs, their gradients, the float32
+      # draws and references; 12 left ran it out of memory on an H100, session 60)
+      hog 28 400
       python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
         2>&1 | tee "$OUT/ima_plain.log"; rc=${PIPESTATUS[0]}
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --print-limit 50 \
         python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
         2>&1 | tee "$OUT/ima_memcheck.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null ;;
+    ima-sweep)
+      # the case alone beside a process holding all but N GiB, N from roomy to short (the case peaks
+      # near 23 GiB on one process: four 2.6 GB bf16 inputs, their gradients, the float32 draws and
+      # references), then three processes at once (3 x 23 GiB fits an 80 GiB card, four do not):
+      # does an allocation failing anywhere in the call surface as an illegal address instead of
+      # an out-of-memory error, and does sharing the GPU without running out of memory fault? One
+      # summary line per run in ima_sweep.txt (grep of the logs), the logs in one file
+      rc=0
+      for left in 30 24 20 16; do
+        hog "$left" 60
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
+          > "$OUT/ima_run.log" 2>&1
+        kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null
+        echo "left ${left} GiB: $(grep -c -i 'illegal' "$OUT/ima_run.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_run.log") oom; $(grep -h -E '(passed|failed) in' "$OUT/ima_run.log")" \
+          | tee -a "$OUT/ima_sweep.txt"
+        { echo "=== left ${left} GiB"; grep -i -E 'illegal|out of memory|Error|passed|failed' "$OUT/ima_run.log" | head -20; } >> "$OUT/ima_sweep_logs.txt"
+      done
+      for round in 1 2; do
+        pids=()
+        for w in 1 2 3; do
+          python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
+            > "$OUT/ima_c$w.log" 2>&1 &
+          pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p"; done
+        for w in 1 2 3; do
+          echo "3 processes, round $round, process $w: $(grep -c -i 'illegal' "$OUT/ima_c$w.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_c$w.log") oom; $(grep -h -E '(passed|failed) in' "$OUT/ima_c$w.log")" \
+            | tee -a "$OUT/ima_sweep.txt"
+          { echo "=== round $round process $w"; grep -i -E 'illegal|out of memory|Error|passed|failed' "$OUT/ima_c$w.log" | head -20; } >> "$OUT/ima_sweep_logs.txt"
+        done
+      done
+      rm -f "$OUT"/ima_run.log "$OUT"/ima_c?.log
+      grep -q -i -E '[1-9][0-9]* illegal' "$OUT/ima_sweep.txt" && rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -105,35 +119,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    bench-hd192)
-      python3 -m attngen.cli bench --mode both --cases causal-hd192-4k --providers attngen,cudnn,flex \
-        --out "$OUT/bench_hd192.json" 2>&1 | tee "$OUT/bench_hd192.log"; rc=${PIPESTATUS[0]} ;;
-    tune-mha-decode)
-      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
-      timeout 260 python3 -m attngen.cli tune --device auto --spec specs/llama2.yaml --family decode \
-        --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --shapes q1_k32768_bh32,q1_k8192_bh256 \
-        --trials 24 --storage "$DB" 2>&1 | tee "$OUT/tune_mha_decode.log"
-      rc=${PIPESTATUS[0]} ;;
-    tune-hd64-decode)
-      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
-      timeout 150 python3 -m attngen.cli tune --device auto --spec specs/llama3_2_1b.yaml --family decode \
-        --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --shapes q1_k32768_bh256 \
-        --trials 16 --storage "$DB" 2>&1 | tee "$OUT/tune_hd64_decode.log"
-      rc=${PIPESTATUS[0]} ;;
-    tune-b1-decode)
-      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
-      timeout 150 python3 -m attngen.cli tune --device auto --family decode \
-        --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
-        --trials 12 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_decode.log"
-      rc=${PIPESTATUS[0]} ;;
-    decode-splits)
-      python3 benchmarks/tools/decode_splits_ab.py --rounds 2 --out "$OUT/ab_decode_splits.json" 2>&1 \
-        | tee "$OUT/ab_decode_splits.log"; rc=${PIPESTATUS[0]} ;;
-    bench-decode-db)
-      # the decode bench with the winners the tune steps above wrote to $OUT/attngen.sqlite
-      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode \
-        --out "$OUT/bench_decode.json" 2>&1 | tee "$OUT/bench_decode.log"; rc=${PIPESTATUS[0]} ;;
-    *) echo "unknown step $step (ab-hd192 | dq-lpt | ima | ima-concurrent | sanitize | sanitize-suites | bench-hd192 | tune-mha-decode | tune-hd64-decode | tune-b1-decode | decode-splits | bench-decode-db)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
