@@ -17,7 +17,7 @@ tests apply it before running a kernel through the interpreter (idempotent):
   saturated: ``create_fp_to_fp`` converts to e4m3 through torch's float8_e4m3fn (round to nearest
   even) after clamping to +-448, as the GPU's saturating conversion (cvt.rn.satfinite) does.
 
-Three changes of speed only, the same values computed (the CPU suite's interpreter tests are most of
+Four changes of speed only, the same values computed (the CPU suite's interpreter tests are most of
 its time): a ``@triton.jit`` helper called inside a kernel skips the interpreter's re-patching of
 ``triton.language`` when the launch in progress already patched every language module the helper
 sees (it re-patched all of them on every call: a tenth of a backward kernel test's time); the
@@ -26,7 +26,10 @@ and the integer overflow check of ``+``, ``-`` and ``*`` on 32-bit operands is s
 interpreter does not run in debug mode. That check recomputes each operation in int64, compares
 the result with the type's bounds and hands the condition to ``device_assert``, which drops it
 outside debug mode (as the compiler does on a GPU): the work was done and thrown away, about a
-third of a backward kernel test's time. In debug mode the check runs as before.
+third of a backward kernel test's time. In debug mode the check runs as before. Fourth, block types
+and tensors of an integer shape seen before are built from a cache (``_patch_shapes``): Triton's
+constructors rebuilt the shape's tuple, its tuple type and that type's name at every operation of
+every program (a backward kernel test: 18.6 / 17.4 s -> 13.6 / 12.0 s).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ ORIGINAL_CREATE_DOT = None  # the interpreter's own create_dot, kept for the tes
 ORIGINAL_FP_TO_FP = None  # the interpreter's own create_fp_to_fp (the fp8 downcast's test)
 ORIGINAL_HELPER_CALL = None  # the interpreter's own InterpretedFunction.__call__ (the speed test's)
 ORIGINAL_OVERFLOW_CHECK = None  # the interpreter semantic's own overflow check (the speed test's)
+ORIGINAL_BLOCK_TYPE_INIT = None  # Triton's own block_type / tensor constructors (the shape cache's test)
+ORIGINAL_TENSOR_INIT = None
 E4M3_MAX = 448.0
 
 
@@ -77,7 +82,7 @@ def patch_interpreter() -> None:
 
 
 def _patch_speed(ti, tl) -> None:
-    """The three speed changes of the module doc."""
+    """The four speed changes of the module doc."""
     global ORIGINAL_HELPER_CALL, ORIGINAL_OVERFLOW_CHECK
     launches: list[frozenset] = []  # the language modules each launch in progress patched
     seen: dict = {}
@@ -146,6 +151,77 @@ def _patch_speed(ti, tl) -> None:
         return check(self, lhs, rhs, binary_op)
 
     semantic.binary_op_sanitize_overflow_impl = overflow_check
+    _patch_shapes(tl.core)
+
+
+def _patch_shapes(core) -> None:
+    """Block types and tensors of an integer shape seen before are made from a cache: the same
+    attributes as Triton's constructors give them (a shape of ints, `numel`, `name`; a tensor's shape
+    of constexprs), without rebuilding the shape's tuple and its type name from scratch at every
+    operation. Any other shape (symbolic, bool or empty entries, a builtin tuple, which Triton's
+    block_type refuses) takes Triton's own path, and so does a shape's first construction, whose
+    errors (a dimension not a power of two, too many elements) are Triton's."""
+    global ORIGINAL_BLOCK_TYPE_INIT, ORIGINAL_TENSOR_INIT
+    import builtins
+
+    tl_tuple, constexpr = core.tuple, core.constexpr
+    block_init = ORIGINAL_BLOCK_TYPE_INIT = core.block_type.__init__
+    tensor_init = ORIGINAL_TENSOR_INIT = core.tensor.__init__
+    blocks: dict = {}  # shape -> (ints, their tuple type, numel, str of the shape)
+    tensors: dict = {}  # shape -> (constexprs, their tuple type, numel as a constexpr)
+
+    def key_of(shape):
+        vals = shape.values if type(shape) is tl_tuple else shape
+        if type(vals) is not list:
+            return None
+        out = []
+        for v in vals:
+            if type(v) is constexpr:
+                v = v.value
+            if type(v) is not int:
+                return None
+            out.append(v)
+        return builtins.tuple(out) or None
+
+    def shape_tuple(values, tuple_type):  # a fresh tl.tuple (its own list) of shared entries
+        t = object.__new__(tl_tuple)
+        t.values = list(values)
+        t.type = tuple_type
+        return t
+
+    @functools.wraps(block_init)
+    def block_type_init(self, element_ty, shape):
+        key = key_of(shape) if type(shape) in (list, tl_tuple) else None
+        ent = blocks.get(key) if key is not None else None
+        if ent is None:
+            block_init(self, element_ty, shape)
+            if key is not None:
+                blocks[key] = (builtins.tuple(self.shape.values), self.shape.type, self.numel, str(self.shape))
+                self._attngen_shape = key
+            return
+        self._attngen_shape = key  # the tensors of this type look their shape up by it
+        self.element_ty = element_ty
+        self.shape = shape_tuple(ent[0], ent[1])
+        self.numel = ent[2]
+        self.name = f"<{ent[3]}, {element_ty}>"
+
+    @functools.wraps(tensor_init)
+    def tensor_init_cached(self, handle, type):
+        key = type.__dict__.get("_attngen_shape") if type.is_block() else None
+        ent = tensors.get(key) if key is not None else None
+        if ent is None:
+            tensor_init(self, handle, type)
+            if key is not None:
+                tensors[key] = (builtins.tuple(self.shape.values), self.shape.type, self.numel)
+            return
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
+        self.shape = shape_tuple(ent[0], ent[1])
+        self.numel = ent[2]
+
+    core.block_type.__init__ = block_type_init
+    core.tensor.__init__ = tensor_init_cached
 
 
 def _create_descriptor_reduce(self, kind, desc, value, indices):

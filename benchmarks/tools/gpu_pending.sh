@@ -9,6 +9,8 @@
 #                                                 # plain and under compute-sanitizer memcheck
 #   benchmarks/tools/gpu_pending.sh ima-sweep     # ~150 s: the case beside hogs leaving 30 / 24 / 20 /
 #                                                 # 16 GiB, then three processes at once, twice
+#   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
+#                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
 #                                                 # rounds (an 80 GiB card runs out of memory: ima-sweep)
 #   benchmarks/tools/gpu_pending.sh sanitize      # 300+ s (cold compiles under memcheck): the grid's forced paths (a sample)
@@ -68,7 +70,7 @@ for step in "$@"; do
         python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_edges.py -k 20000_documents \
           > "$OUT/ima_run.log" 2>&1
         kill "$HOG" 2>/dev/null; wait "$HOG" 2>/dev/null
-        echo "left ${left} GiB: $(grep -c -i 'illegal' "$OUT/ima_run.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_run.log") oom; $(grep -h -E '(passed|failed) in' "$OUT/ima_run.log")" \
+        echo "left ${left} GiB: $(grep -c -i 'illegal' "$OUT/ima_run.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_run.log") oom; $(grep -h -E '(passed|failed).* in [0-9.]+s' "$OUT/ima_run.log")" \
           | tee -a "$OUT/ima_sweep.txt"
         { echo "=== left ${left} GiB"; grep -i -E 'illegal|out of memory|Error|passed|failed' "$OUT/ima_run.log" | head -20; } >> "$OUT/ima_sweep_logs.txt"
       done
@@ -81,13 +83,38 @@ for step in "$@"; do
         done
         for p in "${pids[@]}"; do wait "$p"; done
         for w in 1 2 3; do
-          echo "3 processes, round $round, process $w: $(grep -c -i 'illegal' "$OUT/ima_c$w.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_c$w.log") oom; $(grep -h -E '(passed|failed) in' "$OUT/ima_c$w.log")" \
+          echo "3 processes, round $round, process $w: $(grep -c -i 'illegal' "$OUT/ima_c$w.log") illegal, $(grep -c -i 'out of memory' "$OUT/ima_c$w.log") oom; $(grep -h -E '(passed|failed).* in [0-9.]+s' "$OUT/ima_c$w.log")" \
             | tee -a "$OUT/ima_sweep.txt"
           { echo "=== round $round process $w"; grep -i -E 'illegal|out of memory|Error|passed|failed' "$OUT/ima_c$w.log" | head -20; } >> "$OUT/ima_sweep_logs.txt"
         done
       done
       rm -f "$OUT"/ima_run.log "$OUT"/ima_c?.log
       grep -q -i -E '[1-9][0-9]* illegal' "$OUT/ima_sweep.txt" && rc=1 ;;
+    ima-bisect)
+      # the fault's kernel: benchmarks/tools/ima_repro.py in three processes at once (the setting
+      # that faulted in session 60), one forced path pair at a time, CUDA_LAUNCH_BLOCKING=1 so the
+      # faulting launch raises and --trace names it; two rounds a pair. One summary line per
+      # process in ima_bisect.txt; each log's last 30 lines in ima_bisect_logs.txt
+      rc=0
+      for pair in "default default" "tma default" "pointer default" "default tma" "default pointer"; do
+        read -r f b <<< "$pair"
+        for round in 1 2; do
+          pids=()
+          for w in 1 2 3; do
+            python3 benchmarks/tools/ima_repro.py --fwd "$f" --bwd "$b" --iters 2 --blocking --trace \
+              > "$OUT/ima_b$w.log" 2>&1 &
+            pids+=($!)
+          done
+          for p in "${pids[@]}"; do wait "$p"; done
+          for w in 1 2 3; do
+            echo "fwd=$f bwd=$b round $round process $w: $(grep -h '^RESULT' "$OUT/ima_b$w.log" || echo 'no RESULT line') | last launch: $(grep '^launch' "$OUT/ima_b$w.log" | tail -n 1)" \
+              | tee -a "$OUT/ima_bisect.txt"
+            { echo "=== fwd=$f bwd=$b round $round process $w"; tail -n 30 "$OUT/ima_b$w.log"; } >> "$OUT/ima_bisect_logs.txt"
+          done
+        done
+      done
+      rm -f "$OUT"/ima_b?.log
+      grep -q "RESULT fault" "$OUT/ima_bisect.txt" && rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -119,7 +146,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

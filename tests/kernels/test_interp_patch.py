@@ -187,3 +187,55 @@ def test_overflow_check_runs_only_in_debug_mode(monkeypatch):
                                                                               debug=True))
     with pytest.raises(Exception, match="overflow"):
         _int_kernel[(2,)](x, torch.full((16,), -1, dtype=torch.int32), N=16)
+
+
+def _attrs(obj, names):
+    out = {}
+    for n in names:
+        v = getattr(obj, n)
+        if isinstance(v, tl.tuple):
+            v = (type(v), [(type(x), getattr(x, "value", x)) for x in v.values], v.type.types, v.type.fields,
+                 v.type.name, str(v))
+        elif isinstance(v, tl.constexpr):
+            v = (type(v), v.value)
+        out[n] = v
+    return out
+
+
+def test_shape_cache_builds_what_triton_builds(monkeypatch):
+    """The fourth speed change of attngen.interp: block types and tensors of an integer shape seen
+    before come from a cache. Every attribute (shape values and their types, the shape tuple's type
+    and name, numel, name) equals what Triton's own constructors give, on the first construction
+    and on cached ones; each object gets its own shape list; shapes Triton refuses raise Triton's
+    errors every time; other shapes (constexpr entries, a triton tuple) take the same values."""
+    core = tl.core
+    interp.patch_interpreter()
+    assert core.block_type.__init__ is not interp.ORIGINAL_BLOCK_TYPE_INIT
+    shapes = [[16, 32], [tl.constexpr(16), 32], [1], [64, 1, 8], tl.tuple([16, 32]),
+              tl.tuple([tl.constexpr(2), tl.constexpr(128)]), [True, 2]]
+    elts = [tl.float32, tl.bfloat16, tl.pointer_type(tl.float16), tl.int1]
+
+    def build():
+        out = []
+        for shape in shapes:
+            for elt in elts:
+                for _ in range(2):  # the second one comes from the cache
+                    bt = core.block_type(elt, shape)
+                    t = core.tensor(None, bt)
+                    out.append((_attrs(bt, ("element_ty", "shape", "numel", "name")),
+                                _attrs(t, ("shape", "numel", "type", "dtype")), str(bt), str(t)))
+        scalar = core.tensor(None, tl.float32)
+        out.append(_attrs(scalar, ("shape", "numel", "dtype")))
+        return out
+
+    fast = build()
+    a, b = core.block_type(tl.float32, [16, 32]), core.block_type(tl.float32, [16, 32])
+    assert a.shape is not b.shape and a.shape.values is not b.shape.values and a == b
+    for bad, err in (([], TypeError), ([3, 16], ValueError), ([1 << 21], ValueError),
+                     ((16, 32), AssertionError)):
+        for _ in range(2):
+            with pytest.raises(err):
+                core.block_type(tl.float32, bad)
+    monkeypatch.setattr(core.block_type, "__init__", interp.ORIGINAL_BLOCK_TYPE_INIT)
+    monkeypatch.setattr(core.tensor, "__init__", interp.ORIGINAL_TENSOR_INIT)
+    assert build() == fast

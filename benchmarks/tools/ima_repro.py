@@ -1,0 +1,106 @@
+"""The illegal memory access of the 20,000-document packed case, one path at a time (GPU).
+
+tests/gpu/test_gpu_edges.py::test_20000_documents_tma_forward_gluon_backward (20,000 documents of
+64 tokens, 8 heads, hd128, causal; the TMA forward and the Gluon backward, 160,000 programs each)
+hit an illegal address in one of two runs with three copies of it sharing an H100 (session 60).
+It did not fail alone, and memcheck found nothing on it alone. The fault surfaced at the backward's
+first kernel load, so an earlier kernel of the call raised it.
+
+This runs that call `--iters` times with one kernel path forced per family (`--fwd`, `--bwd`) and
+a synchronize after each forward and each backward. It prints one line per step and a final
+`RESULT ok` or `RESULT fault at <step>: <error>`. With `--blocking`, CUDA_LAUNCH_BLOCKING=1 is set
+before CUDA starts, so the launch that faults raises, and its kernel is named by the last
+`launch` line printed (`--trace`).
+
+    python3 benchmarks/tools/ima_repro.py --fwd tma --bwd gluon --iters 3 [--blocking --trace]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+FWD = {  # forward paths of the packed-document call (tests/gpu/test_gpu_grid.py's names)
+    "default": None,
+    "pointer": dict(block_m=64, block_n=64, num_warps=4, num_stages=2),
+    "tma": dict(block_m=64, block_n=64, num_warps=4, num_stages=2, tma=True),
+}
+BWD = {
+    "default": None,
+    "pointer": (64, 64, 4, 2, 64, 64, 4, 2, {}),
+    "tma": (64, 64, 4, 2, 128, 64, 8, 3, {"tma": True}),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--fwd", choices=sorted(FWD), default="default")
+    ap.add_argument("--bwd", choices=sorted(BWD), default="default")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run through the interpreter (TRITON_INTERPRET=1)")
+    ap.add_argument("--blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1 (set before CUDA starts)")
+    ap.add_argument("--trace", action="store_true", help="print each kernel launch's name before it runs")
+    args = ap.parse_args()
+    if args.blocking:
+        os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    import contextlib
+
+    import torch
+
+    import attngen
+    from attngen.configs import BwdConfig, FwdConfig
+    from attngen.kernels import launch as launch_mod
+    from attngen.runtime import api
+    from attngen.runtime.dispatch import forced_config
+
+    if args.trace:  # name every launch on its way out (the raw launcher and Triton's JIT both)
+        for cls in (launch_mod.Launch, launch_mod.CompiledLaunch):
+            call = cls.run if cls is launch_mod.Launch else cls.__call__
+
+            def traced(self, *a, _call=call, **k):
+                fn = getattr(self, "fn", None)
+                print(f"launch {getattr(fn, '__name__', fn)} grid={getattr(self, 'grid', '?')}", flush=True)
+                return _call(self, *a, **k)
+
+            setattr(cls, "run" if cls is launch_mod.Launch else "__call__", traced)
+    forced = {}
+    if FWD[args.fwd] is not None:
+        forced["fwd"] = FwdConfig(**FWD[args.fwd])
+    if BWD[args.bwd] is not None:
+        *nums, kw = BWD[args.bwd]
+        forced["bwd"] = BwdConfig(*nums, **kw)
+    dev, L, H, D = args.device, 64, 8, 128
+    sync = torch.cuda.synchronize if dev != "cpu" else (lambda: None)
+    T = args.docs * L
+    g = torch.Generator(device=dev).manual_seed(20)
+    q, k, v, dout = (torch.randn(T, H, D, device=dev, generator=g).to(torch.bfloat16) for _ in range(4))
+    cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=dev)
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    print(f"fwd={args.fwd} bwd={args.bwd} docs={args.docs} blocking={args.blocking} "
+          f"free={torch.cuda.mem_get_info()[0] / 2**30 if dev != 'cpu' else 0:.1f} GiB", flush=True)
+    scope = forced_config(**forced) if forced else contextlib.nullcontext()
+    step = "start"
+    try:
+        with scope:
+            for it in range(args.iters):
+                api.clear_plans()
+                step = f"iter {it} forward"
+                out = attngen.attention_varlen(*leaves, cu, cu, L, L, causal=True)
+                sync()
+                print(step, "ok", flush=True)
+                step = f"iter {it} backward"
+                grads = torch.autograd.grad(out, leaves, dout)
+                sync()
+                assert all(torch.isfinite(x).all() for x in grads), "a gradient is not finite"
+                print(step, "ok", flush=True)
+                del out, grads
+    except Exception as e:  # noqa: BLE001 - the point is to report it
+        print(f"RESULT fault at {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+        return 1
+    print("RESULT ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
