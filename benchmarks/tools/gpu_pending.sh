@@ -114,7 +114,7 @@ for step in "$@"; do
         done
       done
       rm -f "$OUT"/ima_b?.log
-      grep -q "RESULT fault" "$OUT/ima_bisect.txt" && rc=1 ;;
+      grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone

@@ -8,7 +8,7 @@ first kernel load, so an earlier kernel of the call raised it.
 
 This runs that call `--iters` times with one kernel path forced per family (`--fwd`, `--bwd`) and
 a synchronize after each forward and each backward. It prints one line per step and a final
-`RESULT ok` or `RESULT fault at <step>: <error>`. With `--blocking`, CUDA_LAUNCH_BLOCKING=1 is set
+`RESULT ok` or `RESULT error at <step>: <error>` (an illegal address among them). With `--blocking`, CUDA_LAUNCH_BLOCKING=1 is set
 before CUDA starts, so the launch that faults raises, and its kernel is named by the last
 `launch` line printed (`--trace`).
 
@@ -96,7 +96,7 @@ def main() -> int:
                 print(step, "ok", flush=True)
                 del out, grads
     except Exception as e:  # noqa: BLE001 - the point is to report it
-        print(f"RESULT fault at {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
+        print(f"RESULT error at {step}: {type(e).__name__}: {str(e).splitlines()[0][:300]}", flush=True)
         return 1
     print("RESULT ok", flush=True)
     return 0
