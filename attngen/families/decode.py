@@ -108,8 +108,11 @@ SPACE: dict[str, tuple] = {
     # 0: splits() from shapes (two programs per SM). 64 splits (four programs per SM at B1 GQA 32/8)
     # was in the space for one H100 tune run and lost every trial: B1 KV128k 2252-2546 GB/s against
     # 2712, KV32k 1338-1497 against 1930, the MHA and hd64 buckets likewise
-    # (benchmarks/results/h100_tune_decode_mha_hd64_2026-12-07.log)
-    "num_splits": (0, 1, 8, 32),
+    # (benchmarks/results/h100_tune_decode_mha_hd64_2026-12-07.log). 16 (one program per SM at B1
+    # GQA 32/8, two at B1 MHA's 32 rows / 4) joined in session 60, not yet tuned with: the B1 rows
+    # are the decode rows furthest from SDPA's cuDNN backend (0.87 / 0.94), and no count between
+    # 8 and 32 had been tried there
+    "num_splits": (0, 1, 8, 16, 32),
 }
 
 

@@ -11,6 +11,8 @@
 #                                                 # 16 GiB, then three processes at once, twice
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
+#   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
+#                                                 # the space, then the decode bench on that database
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
 #                                                 # rounds (an 80 GiB card runs out of memory: ima-sweep)
 #   benchmarks/tools/gpu_pending.sh sanitize      # 300+ s (cold compiles under memcheck): the grid's forced paths (a sample)
@@ -115,6 +117,17 @@ for step in "$@"; do
       done
       rm -f "$OUT"/ima_b?.log
       grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
+    tune-b1-splits)
+      # the GQA 32/8 hd128 B1 buckets with 16 splits in the space (session 60), into a copy of the
+      # shipped database ($TUNE_DB, default $OUT/attngen.sqlite), then the decode bench reading
+      # it; needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
+      DB="${TUNE_DB:-$OUT/attngen.sqlite}"
+      [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
+      timeout 200 python3 -m attngen.cli tune --device auto --family decode \
+        --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
+        --trials 16 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_splits.log"; rc=${PIPESTATUS[0]}
+      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode.json" \
+        > "$OUT/bench_decode.log" 2>&1 || rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -146,7 +159,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
