@@ -11,6 +11,8 @@
 #                                                 # 16 GiB, then three processes at once, twice
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
+#   benchmarks/tools/gpu_pending.sh ima-fix       # ~200 s: the same, four rounds, with the candidate fix
+#                                                 # (benchmarks/patches/ws_doc_producer.diff) applied
 #   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
 #                                                 # the space, then the decode bench on that database
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
@@ -117,6 +119,33 @@ for step in "$@"; do
       done
       rm -f "$OUT"/ima_b?.log
       grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
+    ima-fix)
+      # the candidate fix (docs/notes.md, session 60): benchmarks/patches/ws_doc_producer.diff applied
+      # to this copy of the tree, the case in three processes at once, four rounds, the Gluon
+      # backward passes rendered with ws_doc_desc=producer (their producer warp makes and fences
+      # its own per-document descriptors); then the patch taken back out. One line per process
+      # in ima_fix.txt
+      rc=0
+      git apply benchmarks/patches/ws_doc_producer.diff || { echo "patch does not apply" | tee "$OUT/ima_fix.txt"; rc=1; }
+      if [ "$rc" -eq 0 ]; then
+        for round in 1 2 3 4; do
+          pids=()
+          for w in 1 2 3; do
+            python3 benchmarks/tools/ima_repro.py --switch ws_doc_desc=producer --iters 2 --trace \
+              > "$OUT/ima_f$w.log" 2>&1 &
+            pids+=($!)
+          done
+          for p in "${pids[@]}"; do wait "$p"; done
+          for w in 1 2 3; do
+            echo "round $round process $w: $(grep -h '^RESULT' "$OUT/ima_f$w.log" || echo 'no RESULT line') | last launch: $(grep '^launch' "$OUT/ima_f$w.log" | tail -n 1)" \
+              | tee -a "$OUT/ima_fix.txt"
+            { echo "=== round $round process $w"; tail -n 30 "$OUT/ima_f$w.log"; } >> "$OUT/ima_fix_logs.txt"
+          done
+        done
+        git apply -R benchmarks/patches/ws_doc_producer.diff
+        rm -f "$OUT"/ima_f?.log
+        grep -q "RESULT error" "$OUT/ima_fix.txt" && rc=1
+      fi ;;
     tune-b1-splits)
       # the GQA 32/8 hd128 B1 buckets with 16 splits in the space (session 60), into a copy of the
       # shipped database ($TUNE_DB, default $OUT/attngen.sqlite), then the decode bench reading
@@ -159,7 +188,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | ima-fix | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

@@ -12,7 +12,9 @@ a synchronize after each forward and each backward. It prints one line per step 
 before CUDA starts, so the launch that faults raises, and its kernel is named by the last
 `launch` line printed (`--trace`).
 
-    python3 benchmarks/tools/ima_repro.py --fwd tma --bwd gluon --iters 3 [--blocking --trace]
+    python3 benchmarks/tools/ima_repro.py --fwd tma --bwd default --iters 3 [--blocking --trace]
+    python3 benchmarks/tools/ima_repro.py --switch ws_doc_desc=producer   # the fix under test, with
+                                        # benchmarks/patches/ws_doc_producer.diff applied
 """
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run through the interpreter (TRITON_INTERPRET=1)")
     ap.add_argument("--blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1 (set before CUDA starts)")
     ap.add_argument("--trace", action="store_true", help="print each kernel launch's name before it runs")
+    ap.add_argument("--switch", action="append", default=[],
+                    help="NAME=VALUE: a codegen option the backward modules are rendered with (e.g. "
+                         "ws_doc_desc=producer, with benchmarks/patches/ws_doc_producer.diff applied)")
     args = ap.parse_args()
     if args.blocking:
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
@@ -64,6 +69,25 @@ def main() -> int:
                 return _call(self, *a, **k)
 
             setattr(cls, "run" if cls is launch_mod.Launch else "__call__", traced)
+    if args.switch:  # the backward modules rendered with the options, in place of the built ones
+        import tempfile
+        from pathlib import Path
+
+        from attngen.codegen.render import render
+        from attngen.runtime import loader
+
+        opts = dict(sw.split("=", 1) for sw in args.switch)
+        built, tmp = loader.load, Path(tempfile.mkdtemp(prefix="ima-variant-"))
+
+        def load(spec):
+            if spec.family != "bwd":
+                return built(spec)
+            path = tmp / f"{spec.uri}__{'_'.join(f'{k}-{v}' for k, v in opts.items())}.py"
+            if not path.exists():
+                path.write_text(render(spec, options=opts))
+            return loader.load_path(path)
+
+        loader.load = load
     forced = {}
     if FWD[args.fwd] is not None:
         forced["fwd"] = FwdConfig(**FWD[args.fwd])
@@ -77,7 +101,7 @@ def main() -> int:
     q, k, v, dout = (torch.randn(T, H, D, device=dev, generator=g).to(torch.bfloat16) for _ in range(4))
     cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=dev)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    print(f"fwd={args.fwd} bwd={args.bwd} docs={args.docs} blocking={args.blocking} "
+    print(f"fwd={args.fwd} bwd={args.bwd} switch={args.switch} docs={args.docs} blocking={args.blocking} "
           f"free={torch.cuda.mem_get_info()[0] / 2**30 if dev != 'cpu' else 0:.1f} GiB", flush=True)
     scope = forced_config(**forced) if forced else contextlib.nullcontext()
     step = "start"
