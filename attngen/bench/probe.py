@@ -58,6 +58,7 @@ from attngen.configs import BwdConfig, FwdConfig  # noqa: E402
 from attngen.families import fwd_fp8  # noqa: E402
 from attngen.families.fwd_fp8 import Fp8Config  # noqa: E402
 from attngen.bench.sass import main_loop, undefined_uniform_reads  # noqa: E402,F401 (named here as before)
+from attngen.bench.ptx import unfenced_descriptor_loads  # noqa: E402
 
 
 def parse_config(text: str, cls: type = FwdConfig):
@@ -187,6 +188,8 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     sass = subprocess.run([str(cuobjdump), "-sass", str(cubin)], capture_output=True, text=True).stdout
     rep["main_loop"] = main_loop(sass)
     rep["undefined_uniform_reads"] = undefined_uniform_reads(sass)
+    # TMA copies through a descriptor the kernel made that the issuing warp never acquired
+    rep["unfenced_descriptor_loads"] = unfenced_descriptor_loads(ptx)
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -390,6 +393,9 @@ def _report(args: argparse.Namespace, launches: list, tmp: Path) -> int:
         print(f"  {rep['kernel']} w={rep['num_warps']} s={rep['num_stages']}: {rep['registers']} registers, "
               f"spills {rep['spill_stores']}/{rep['spill_loads']} B, shared {rep['shared_bytes']} B; "
               f"wgmma: {', '.join(rep['wgmma']) or 'none'}")
+        if rep["unfenced_descriptor_loads"]:
+            print(f"    TMA copies through a kernel-made descriptor this warp never acquired: "
+                  f"{len(rep['unfenced_descriptor_loads'])} ({rep['unfenced_descriptor_loads'][0]})")
         if rep["undefined_uniform_reads"]:
             print(f"    uniform registers read before any write: {', '.join(rep['undefined_uniform_reads'][:8])}")
         if rep["main_loop"]:
