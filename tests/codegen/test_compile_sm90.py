@@ -31,14 +31,28 @@ def probe(*args: str, defined: bool = True) -> list[dict]:
     res = subprocess.run([sys.executable, "-m", "attngen.bench.probe", *args, "--json"], capture_output=True,
                          text=True, env=env, cwd=REPO_ROOT, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
-    return checked(json.loads(res.stdout.strip().splitlines()[-1]), defined)
+    return checked(json.loads(res.stdout.strip().splitlines()[-1]), defined, args)
 
 
-def checked(reports: list[dict], defined: bool) -> list[dict]:
-    """`reports`, after probe's `defined` check."""
+def checked(reports: list[dict], defined: bool, args: tuple = ()) -> list[dict]:
+    """`reports`, after probe's `defined` check and the fence check: no TMA copy through a
+    descriptor the kernel made that the issuing warp-specialized partition never acquired
+    (attngen.bench.ptx.unfenced_descriptor_loads). Known exception, kept strict so that its fix
+    shows here: the Gluon backward passes over packed documents, whose producer warp loads
+    through descriptors the first consumer's warp made and acquired (docs/notes.md, session 60;
+    the fix, benchmarks/patches/ws_doc_producer.diff, waits for a GPU session to rebuild the
+    shipped pack). Once it lands, this test fails here: drop the exception."""
     if defined:
         assert all(r["undefined_uniform_reads"] == [] for r in reports), [
             (r["kernel"], r["num_warps"], r["undefined_uniform_reads"]) for r in reports if r["undefined_uniform_reads"]]
+    for r in reports:
+        known = "--varlen" in args and args[:1] == ("bwd",) and r["kernel"] in ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")
+        if known:
+            assert r["unfenced_descriptor_loads"], (
+                f"{r['kernel']} over packed documents now acquires its descriptors in the loading partition: "
+                "drop the known exception in checked()")
+        else:
+            assert r["unfenced_descriptor_loads"] == [], (r["kernel"], args, r["unfenced_descriptor_loads"][:4])
     return reports
 
 
@@ -124,7 +138,7 @@ def probed(request, tmp_path_factory):
         entry = batches[args]
         assert isinstance(entry, list), entry["error"]
         assert all("error" not in r for r in entry), [r for r in entry if "error" in r]
-        return checked(entry, defined)
+        return checked(entry, defined, args)
 
     return read
 
