@@ -191,7 +191,7 @@ def _patch_shapes(core) -> None:
 
     @functools.wraps(block_init)
     def block_type_init(self, element_ty, shape):
-        key = key_of(shape) if type(shape) in (list, tl_tuple) else None
+        key = key_of(shape)  # None unless a list or tl.tuple of ints (Triton refuses a builtin tuple)
         ent = blocks.get(key) if key is not None else None
         if ent is None:
             block_init(self, element_ty, shape)

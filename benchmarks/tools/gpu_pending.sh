@@ -44,6 +44,24 @@ PY
   sleep 8
 }
 
+repro3() {  # benchmarks/tools/ima_repro.py in three processes at once with the arguments after $2;
+  # one line per process ("$1 process N: RESULT ... | last launch: ...") into $OUT/$2.txt, each
+  # log's last 30 lines into $OUT/$2_logs.txt
+  local label=$1 name=$2 w p pids=()
+  shift 2
+  for w in 1 2 3; do
+    python3 benchmarks/tools/ima_repro.py "$@" > "$OUT/repro3_$w.log" 2>&1 &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for w in 1 2 3; do
+    echo "$label process $w: $(grep -h '^RESULT' "$OUT/repro3_$w.log" || echo 'no RESULT line') | last launch: $(grep '^launch' "$OUT/repro3_$w.log" | tail -n 1)" \
+      | tee -a "$OUT/$name.txt"
+    { echo "=== $label process $w"; tail -n 30 "$OUT/repro3_$w.log"; } >> "$OUT/${name}_logs.txt"
+  done
+  rm -f "$OUT"/repro3_?.log
+}
+
 status=0
 for step in "$@"; do
   start=$SECONDS
@@ -103,21 +121,9 @@ for step in "$@"; do
       for pair in "default default" "tma default" "pointer default" "default tma" "default pointer"; do
         read -r f b <<< "$pair"
         for round in 1 2; do
-          pids=()
-          for w in 1 2 3; do
-            python3 benchmarks/tools/ima_repro.py --fwd "$f" --bwd "$b" --iters 2 --blocking --trace \
-              > "$OUT/ima_b$w.log" 2>&1 &
-            pids+=($!)
-          done
-          for p in "${pids[@]}"; do wait "$p"; done
-          for w in 1 2 3; do
-            echo "fwd=$f bwd=$b round $round process $w: $(grep -h '^RESULT' "$OUT/ima_b$w.log" || echo 'no RESULT line') | last launch: $(grep '^launch' "$OUT/ima_b$w.log" | tail -n 1)" \
-              | tee -a "$OUT/ima_bisect.txt"
-            { echo "=== fwd=$f bwd=$b round $round process $w"; tail -n 30 "$OUT/ima_b$w.log"; } >> "$OUT/ima_bisect_logs.txt"
-          done
+          repro3 "fwd=$f bwd=$b round $round" ima_bisect --fwd "$f" --bwd "$b" --iters 2 --blocking --trace
         done
       done
-      rm -f "$OUT"/ima_b?.log
       grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
     ima-fix)
       # the candidate fix (docs/notes.md, session 60): benchmarks/patches/ws_doc_producer.diff applied
@@ -129,21 +135,9 @@ for step in "$@"; do
       git apply benchmarks/patches/ws_doc_producer.diff || { echo "patch does not apply" | tee "$OUT/ima_fix.txt"; rc=1; }
       if [ "$rc" -eq 0 ]; then
         for round in 1 2 3 4; do
-          pids=()
-          for w in 1 2 3; do
-            python3 benchmarks/tools/ima_repro.py --switch ws_doc_desc=producer --iters 2 --trace \
-              > "$OUT/ima_f$w.log" 2>&1 &
-            pids+=($!)
-          done
-          for p in "${pids[@]}"; do wait "$p"; done
-          for w in 1 2 3; do
-            echo "round $round process $w: $(grep -h '^RESULT' "$OUT/ima_f$w.log" || echo 'no RESULT line') | last launch: $(grep '^launch' "$OUT/ima_f$w.log" | tail -n 1)" \
-              | tee -a "$OUT/ima_fix.txt"
-            { echo "=== round $round process $w"; tail -n 30 "$OUT/ima_f$w.log"; } >> "$OUT/ima_fix_logs.txt"
-          done
+          repro3 "round $round" ima_fix --switch ws_doc_desc=producer --iters 2 --trace
         done
         git apply -R benchmarks/patches/ws_doc_producer.diff
-        rm -f "$OUT"/ima_f?.log
         grep -q "RESULT error" "$OUT/ima_fix.txt" && rc=1
       fi ;;
     tune-b1-splits)
