@@ -128,7 +128,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
     "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
     "tile_order": "grouped" | "lpt", "dkdv_order": "grouped" | "lpt", "dq_reverse": "off" | "on",
-    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "decode_combine": "launch" | "fused"};
+    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "decode_combine": "launch" | "fused",
+    "ws_doc_desc": "producer" | "shared"};
     the build always uses the defaults. (ws_dq, dQ inside the Gluon dK/dV pass, was measured and
     removed: docs/notes.md.)"""
     options = options or {}
@@ -185,6 +186,14 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # the split decode kernel merges a row's splits in its last program to finish (a counter per
         # row, no combine launch): "fused"; the build renders "launch"
         "decode_fused": options.get("decode_combine", "launch") == "fused",
+        # the Gluon backward passes over packed documents: the per-document descriptors the
+        # producer warp loads through are made in the producer partition, which fences them for
+        # its own loads ("producer": the tensormap proxy's acquire orders only the executing
+        # thread's reads; docs/notes.md, sessions 60-61), or only in the entry before the
+        # partitions start ("shared": one warp of the first consumer makes them and fences them
+        # for itself, so the producer's copies may read a stale descriptor); the build renders
+        # "producer"
+        "ws_doc_producer": options.get("ws_doc_desc", "producer") == "producer",
         # expressions (attngen.codegen.exprgen): the fragments' helper and this spec's names; the
         # sm90 TMA / Gluon kernels take no expressions yet (the pointer kernels serve them)
         "xg": exprgen,

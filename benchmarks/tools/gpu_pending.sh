@@ -9,10 +9,16 @@
 #                                                 # plain and under compute-sanitizer memcheck
 #   benchmarks/tools/gpu_pending.sh ima-sweep     # ~150 s: the case beside hogs leaving 30 / 24 / 20 /
 #                                                 # 16 GiB, then three processes at once, twice
+#   benchmarks/tools/gpu_pending.sh pack          # ~60 s: the shipped pack rebuilt into $OUT and into this
+#                                                 # copy's attngen/packs, then tests/gpu/test_gpu_packs.py
+#   benchmarks/tools/gpu_pending.sh ima-ab        # ~300 s: ima_repro.py in three processes at once, rounds
+#                                                 # alternating the built form (ws_doc_desc=producer) and
+#                                                 # the old one (--switch ws_doc_desc=shared)
+#   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
+#                                                 # the packed-document suites, the document edge cases
+#   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
-#   benchmarks/tools/gpu_pending.sh ima-fix       # ~200 s: the same, four rounds, with the candidate fix
-#                                                 # (benchmarks/patches/ws_doc_producer.diff) applied
 #   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
 #                                                 # the space, then the decode bench on that database
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
@@ -125,21 +131,34 @@ for step in "$@"; do
         done
       done
       grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
-    ima-fix)
-      # the candidate fix (docs/notes.md, session 60): benchmarks/patches/ws_doc_producer.diff applied
-      # to this copy of the tree, the case in three processes at once, four rounds, the Gluon
-      # backward passes rendered with ws_doc_desc=producer (their producer warp makes and fences
-      # its own per-document descriptors); then the patch taken back out. One line per process
-      # in ima_fix.txt
-      rc=0
-      git apply benchmarks/patches/ws_doc_producer.diff || { echo "patch does not apply" | tee "$OUT/ima_fix.txt"; rc=1; }
+    pack)
+      # the shipped pack (docs/serving.md): rebuilt whenever generated/ kernels it holds change
+      python3 -m attngen.cli warmup specs/llama.yaml --seqlens 1024,4096,16384 --backward \
+        --pack "$OUT/sm90_llama.pack" 2>&1 | tee "$OUT/pack.log"; rc=${PIPESTATUS[0]}
       if [ "$rc" -eq 0 ]; then
-        for round in 1 2 3 4; do
-          repro3 "round $round" ima_fix --switch ws_doc_desc=producer --iters 2 --trace
-        done
-        git apply -R benchmarks/patches/ws_doc_producer.diff
-        grep -q "RESULT error" "$OUT/ima_fix.txt" && rc=1
+        cp "$OUT/sm90_llama.pack" attngen/packs/sm90_llama.pack
+        python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py \
+          2>&1 | tee -a "$OUT/pack.log"; rc=${PIPESTATUS[0]}
       fi ;;
+    ima-ab)
+      # the 20,000-document case in three processes at once (the setting that faulted in session
+      # 60), rounds alternating the built Gluon backward (its producer warp makes and fences its
+      # own per-document descriptors) and the old form (only the entry's, fenced by one consumer
+      # warp: --switch ws_doc_desc=shared). One line per process in ima_ab.txt
+      rc=0
+      for round in 1 2 3; do
+        repro3 "producer round $round" ima_ab --iters 2 --trace
+        repro3 "shared round $round" ima_ab --iters 2 --trace --switch ws_doc_desc=shared
+      done
+      grep "^producer" "$OUT/ima_ab.txt" | grep -q "RESULT error" && rc=1 ;;
+    docs-tests)
+      python3 -m pytest -q -m "gpu or gpu_full" -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and gluon" \
+        2>&1 | tail -n 40 | tee "$OUT/docs_tests.log"; rc=${PIPESTATUS[0]}
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
+        -k "varlen or documents" 2>&1 | tail -n 40 | tee -a "$OUT/docs_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    bench-docs)
+      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
+        --out "$OUT/bench_docs.json" 2>&1 | tail -n 20 | tee "$OUT/bench_docs.log"; rc=${PIPESTATUS[0]} ;;
     tune-b1-splits)
       # the GQA 32/8 hd128 B1 buckets with 16 splits in the space (session 60), into a copy of the
       # shipped database ($TUNE_DB, default $OUT/attngen.sqlite), then the decode bench reading
@@ -182,7 +201,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ima | ima-sweep | ima-bisect | ima-fix | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
