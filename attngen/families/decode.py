@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from attngen.families.base import Family, _pow2, require_valid
-from attngen.kernels.launch import expr_values, Launch, pdl, programs, roles
+from attngen.kernels.launch import expr_values, Launch, pdl, programs
 from attngen.spec import KernelSpec
 
 MAX_QUERY = 16  # query tokens per call (speculative decoding drafts included)
@@ -39,6 +39,10 @@ class DecodeConfig:
     # slices of the key axis per (batch row, KV head): 0 = from shapes (splits()), else this many
     # (fewer when the cache is shorter than num_splits x block_n)
     num_splits: int = 0
+    # how a split call merges its slices: "launch" (the combine kernel, a second launch), "fused"
+    # (the row's last slice to finish merges them in the split kernel, a counter per row), "auto"
+    # (fused_merge(): fused from FUSED_MIN_SPLITS slices on)
+    merge: str = "auto"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -68,12 +72,32 @@ def check_decode(spec: KernelSpec, cfg: DecodeConfig) -> str | None:
         return "num_stages must be >= 1"
     if not 0 <= cfg.num_splits <= MAX_SPLITS:
         return f"num_splits is 0 (from shapes) or 1 to {MAX_SPLITS}"
+    if cfg.merge not in MERGES:
+        return f"merge is one of {', '.join(MERGES)}, got {cfg.merge!r}"
     # K and V tiles per stage, 2-byte elements; the query tile stays in registers
     d = _pad(spec.head_dim_qk) + _pad(spec.head_dim_v)
     need = 2 * cfg.num_stages * cfg.block_n * d
     if need > 160 * 1024:
         return f"needs ~{need} B of shared memory"
     return None
+
+
+MERGES = ("auto", "launch", "fused")
+# "auto" merges inside the split kernel from this many slices on. H100, hd128 bf16, do_bench µs a
+# call, the two forms alternated in one process, three rounds (session 56,
+# benchmarks/ab/h100_ab_decode_merge_2026-12-07.json): 16 slices (B1 KV4k GQA 32/8) 23.1-23.6
+# with the combine launch against 22.2-22.8 fused, 32 (B1 KV32k, KV128k) 74.6-74.9 / 71.6-71.7 and
+# 206.4-206.8 / 202.9-203.1; 9 (MHA B1 KV32k) 213.3-213.8 / 212.4-213.0, even; 5 (B8 KV32k GQA
+# 32/8) 390.7-391.2 / 432.3-432.5, fused 10 % slower. The fused form also saves the host one
+# launch a call (the B1 KV4k row is host-bound)
+FUSED_MIN_SPLITS = 16
+
+
+def fused_merge(cfg: DecodeConfig, num_splits: int) -> bool:
+    """Whether a call of `num_splits` slices (splits()) merges them in the split kernel."""
+    if num_splits < 2 or cfg.merge == "launch":
+        return False
+    return cfg.merge == "fused" or num_splits >= FUSED_MIN_SPLITS
 
 
 def _pad(d: int) -> int:
@@ -113,6 +137,9 @@ SPACE: dict[str, tuple] = {
     # are the decode rows furthest from SDPA's cuDNN backend (0.87 / 0.94), and no count between
     # 8 and 32 had been tried there
     "num_splits": (0, 1, 8, 16, 32),
+    # the merge inside the split kernel (session 61): "auto" is fused_merge()'s rule, which the
+    # tuner may beat either way
+    "merge": ("auto", "launch", "fused"),
 }
 
 
@@ -188,9 +215,10 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
     the cache row of each batch row (the caches may have any number of rows); cache_leftpad (B,)
     int32, the cache position of each row's first key. rotary (Rotary): RoPE of the new keys and of
     q at flash-attn's positions (the template's comment); seqlen_ro must cover capacity + max(0,
-    Sq - new_len) positions. A module rendered with decode_combine=fused merges a split call's
-    splits in the split kernel (no combine launch): counter, an int32 (B * Hkv,) tensor of zeros
-    that the kernel leaves at zero (None: a fresh one), counts each row's finished splits."""
+    Sq - new_len) positions. A split call that fused_merge() merges in the split kernel (no
+    combine launch): counter, an int32 (B * Hkv,) tensor of zeros that the kernel leaves at zero
+    (None: a fresh one), counts each row's finished splits; no two calls in flight at once may
+    share it."""
     require_valid_decode(spec, cfg)
     check_layout_args(q, k_cache, block_table, new_len, cache_batch_idx, cache_leftpad, rotary)
     if flags is None:
@@ -248,13 +276,13 @@ def decode_launches(mod, spec: KernelSpec, q, k_cache, v_cache, out, lse, out_pa
         launches.append(Launch.of(mod, "_attn_decode_append", programs(new_len * hkv, B, "k") if B else 0, append,
                                   1, 1, fp_fusion=rotary is None))
     block_s = max(2, 1 << (num_splits - 1).bit_length())
-    fused = "Counter" in roles(mod, "_attn_decode")  # rendered with decode_combine=fused
-    if fused:
-        if counter is None and split:
-            import torch
+    fused = fused_merge(cfg, num_splits)
+    if fused and counter is None:
+        import torch
 
-            counter = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
-        values.update({"Counter": counter, "BLOCK_S": block_s, "PDL": False})
+        counter = torch.zeros(B * hkv, dtype=torch.int32, device=q.device)
+    values.update({"Counter": counter if fused else None, "BLOCK_S": block_s, "FUSED": fused,
+                   "PDL": values["PDL"] and not fused})
     launches.append(Launch.of(mod, "_attn_decode", grid, values, cfg.num_warps, cfg.num_stages))
     if split and not fused:
         combine = {n: values[n] for n in ("Out", "Lse", "OutP", "LseP", "stride_oz", "stride_om", "stride_oh",

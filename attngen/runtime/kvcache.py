@@ -80,6 +80,11 @@ class DecodePlan(Plan):
             offs.append(offs[-1] + -(-n // 256) * 256)
         self.scratch_offsets, self.raw = tuple(offs), False
         self.scratch = None  # that allocation, kept for calls on the legacy default stream (run_cache)
+        # a split call merged in the split kernel (families.decode.fused_merge): its per-row
+        # counters of finished slices, one tensor per stream (counter())
+        self.fused = fam_decode.fused_merge(self.config, self.num_splits)
+        self.counter_len = B * hkv
+        self.counters: dict = {}
         out, lse = self.empty()
         op, lp = self.partials()
         self.flags = kvguard.flags(q.device)
@@ -88,7 +93,26 @@ class DecodePlan(Plan):
                                      self.config, self.num_splits, self.split_len, cache_seqlens, block_table,
                                      new_len, *descales, flags=self.flags, k_new=new_kv[0],
                                      v_new=new_kv[1], extra=extra, cache_batch_idx=indices[0],
-                                     cache_leftpad=indices[1], rotary=rotary))
+                                     cache_leftpad=indices[1], rotary=rotary, counter=self.counter()))
+
+    def counter(self):
+        """The int32 (B x Hkv,) counters of a fused call (None otherwise), which each call's kernel
+        leaves at zero. Calls on one stream run in order, so they share one; two streams replaying
+        the plan at once must not, so each stream has its own. While a CUDA graph is captured, a
+        fresh one (its zeroing is captured with the call): the graph may replay on any stream,
+        beside eager calls on its capture stream."""
+        if not self.fused:
+            return None
+        if self.device.type != "cuda":
+            stream = None
+        elif torch.cuda.is_current_stream_capturing():
+            return torch.zeros(self.counter_len, dtype=torch.int32, device=self.device)
+        else:
+            stream = _stream(self.device.index)
+        c = self.counters.get(stream)
+        if c is None:
+            c = self.counters[stream] = torch.zeros(self.counter_len, dtype=torch.int32, device=self.device)
+        return c
 
     def empty(self):
         return (torch.empty(self.out_shape, dtype=self.dtype, device=self.device),
@@ -141,7 +165,8 @@ class DecodePlan(Plan):
         tensors = {"Q": q, "K": k_cache, "V": v_cache, "Out": self.out_view(out), "Lse": lse, "OutP": op, "LseP": lp,
                    "CacheSeqlens": cache_seqlens, "BlockTable": block_table, "KDescale": k_descale,
                    "VDescale": v_descale, "Flags": self.flags, "KNew": k, "VNew": v, "CacheBatchIdx": indices[0],
-                   "CacheLeftpad": indices[1], "RotaryCos": cos, "RotarySin": sin, **(extra or {})}
+                   "CacheLeftpad": indices[1], "RotaryCos": cos, "RotarySin": sin,
+                   "Counter": self.counter() if self.fused else None, **(extra or {})}
         for launch in self.launches:  # no TMA descriptor in the decode kernels (Plan.launch's check)
             launch(tensors, ok)
         if not self.raw:

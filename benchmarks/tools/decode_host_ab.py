@@ -50,7 +50,8 @@ for name, f in calls.items():
     args = {"Q": q, "K": kc if name == "dense" else kp, "V": vc if name == "dense" else vp, "Out": out, "Lse": lse,
             "OutP": op, "LseP": lp, "CacheSeqlens": sl, "BlockTable": None if name == "dense" else table,
             "KDescale": None, "VDescale": None, "Flags": plan.flags, "KNew": None, "VNew": None,
-            "CacheBatchIdx": None, "CacheLeftpad": None, "RotaryCos": None, "RotarySin": None}
+            "CacheBatchIdx": None, "CacheLeftpad": None, "RotaryCos": None, "RotarySin": None,
+            "Counter": plan.counter()}
     def host(mode, n=300):
         t = time.perf_counter()
         if mode == "alloc":

@@ -25,7 +25,6 @@ SCRIPT = textwrap.dedent("""
 
     spec = KernelSpec("decode", "bf16", "sm90", 128, 128, 4, "causal")
     mod = loader.load(spec)
-    # MODULE
     B, hq, hkv, cap, d = 1, 8, 2, 4096, 128
     q = torch.empty(B, 1, hq, d, dtype=torch.bfloat16)
     k = torch.empty(B, cap, hkv, d, dtype=torch.bfloat16)
@@ -69,16 +68,12 @@ def test_decode_split_combine_with_programmatic_dependent_launch():
     assert [r["values_pdl"] for r in out["one"]] == [False] and not out["one"][0]["pdl"], out
 
 
-# the same call through a module rendered with decode_combine=fused
-FUSED_SCRIPT = SCRIPT.replace("# MODULE", """from attngen.codegen.render import render
-path = Path(tempfile.mkdtemp()) / "fused.py"
-path.write_text(render(spec, options={"decode_combine": "fused"}))
-mod = loader.load_path(path)""")
-
+# the same call with the merge in the split kernel (DecodeConfig.merge)
+FUSED_SCRIPT = SCRIPT.replace("cfg = fd.DecodeConfig(64, 4, 3, 8)", "cfg = fd.DecodeConfig(64, 4, 3, 8, 'fused')")
 
 
 def test_decode_fused_merge_is_one_launch_with_a_release_acquire_counter():
-    """decode_combine=fused (a codegen option for A/B runs): a split call is one launch, without
+    """merge="fused" (DecodeConfig): a split call is one launch, without
     programmatic dependent launch; each program's partial stores precede one gpu-scope acq_rel
     increment of its row's counter, the merging program reads the partials past L1 (.cg) and
     resets the counter (relaxed exchange); nothing spills."""

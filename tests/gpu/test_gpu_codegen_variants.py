@@ -2,12 +2,13 @@
 before they are timed: the Gluon dK/dV pass's program order (dkdv_order=lpt) against the grouped
 order bit for bit and against float64 on odd shapes with the flash-attn rule (gradients <= 3x
 PyTorch's same-precision error), gradients poisoned with NaN first; the decode family's fused
-merge (decode_combine=fused) against the combine launch on many splits (within a few fp32 ulps of
+merge (DecodeConfig.merge="fused", a config since session 61) against the combine launch on many splits (within a few fp32 ulps of
 the LSE and one bf16 ulp of the output), call after call on one counter tensor, which stays at
 zero. (The dQ-inside forms of the dK/dV pass, ws_dq, were measured and removed: docs/notes.md.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -76,12 +77,12 @@ def test_dkdv_program_order_changes_no_bit(shape, tmp_path):
 @pytest.mark.parametrize("B, hq, hkv, cap", [(1, 32, 8, 4096), (1, 32, 8, 32768), (3, 16, 16, 9000)])
 def test_decode_fused_merge_matches_the_combine_launch(B, hq, hkv, cap, tmp_path):
     spec = KernelSpec("decode", "bf16", "sm90", 128, 128, hq // hkv, "causal")
-    mods = {form: _variant(spec, {"decode_combine": form}, tmp_path) for form in ("launch", "fused")}
+    mod = loader.load(spec)  # one module: the merge form is the config's (DecodeConfig.merge)
     g = torch.Generator(device="cuda").manual_seed(cap)
     kc, vc = (torch.randn(B, cap, hkv, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
     lens = torch.randint(1, cap + 1, (B,), device="cuda", generator=g, dtype=torch.int32)
-    cfg = fd.default_decode_config(spec, "cuda")
-    n, split_len = fd.splits(cfg, B, hkv, cap, torch.cuda.get_device_properties(0).multi_processor_count)
+    base = fd.default_decode_config(spec, "cuda")
+    n, split_len = fd.splits(base, B, hkv, cap, torch.cuda.get_device_properties(0).multi_processor_count)
     assert n > 1
     ops, lps = fd.partial_shapes(B, hkv, n, fd.rows_tile(hq // hkv, 1), 128)
     margs = MaskArgs(1 / math.sqrt(128), 0.0, -1, 0, False)
@@ -89,7 +90,8 @@ def test_decode_fused_merge_matches_the_combine_launch(B, hq, hkv, cap, tmp_path
     for call in range(20):
         q = torch.randn(B, 1, hq, 128, device="cuda", dtype=torch.bfloat16, generator=g)
         outs = {}
-        for form, mod in mods.items():
+        for form in ("launch", "fused"):
+            cfg = dataclasses.replace(base, merge=form)
             out = torch.full((B, 1, hq, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
             lse = torch.full((B, hq, 1), float("nan"), device="cuda")
             op, lp = torch.full(ops, float("nan"), device="cuda"), torch.full(lps, float("nan"), device="cuda")

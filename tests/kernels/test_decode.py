@@ -99,26 +99,32 @@ FUSED = [(("bf16", 3, 1, 8, 2, 64, 203, True, (-1, -1), 0.0, 0, 3), 32),
 
 
 @pytest.mark.parametrize("case, block_n", FUSED, ids=[_name(c) for c, _ in FUSED])
-def test_fused_merge_matches_float64_and_leaves_the_counters_at_zero(case, block_n, tmp_path):
-    """decode_combine=fused (a codegen option): the split kernel's last program of each row merges
-    the row's splits (a counter per row, no combine launch). Against float64 as the two-launch
-    form, run twice on one counter tensor, which the kernel leaves at zero each time."""
-    from attngen.codegen.render import render
-
-    dt = case[0]
-    spec = KernelSpec("decode", dt, "sm80", case[5], case[5], case[3] // case[4],
-                      mask_kind(case[7], case[8])[0], False, False)
-    path = tmp_path / "fused.py"
-    path.write_text(render(spec, options={"decode_combine": "fused"}))
-    mod = loader.load_path(path)
+def test_fused_merge_matches_float64_and_leaves_the_counters_at_zero(case, block_n):
+    """merge="fused" (DecodeConfig): the split kernel's last program of each row merges the row's
+    splits (a counter per row, no combine launch). Against float64 as the two-launch form, run
+    twice on one counter tensor, which the kernel leaves at zero each time; the counter is poisoned
+    nowhere but checked to be zero before and after."""
     counter = torch.zeros(case[1] * case[4], dtype=torch.int32)
     for _ in range(2):
-        launches = _check_case(case, block_n, mod=mod, counter=counter)
+        launches = _check_case(case, block_n, counter=counter, merge="fused")
         assert [la.fn.__name__ for la in launches] == ["_attn_decode"]
+        assert launches[0].values["FUSED"] is (case[-1] > 1), launches[0].values["FUSED"]
         assert not counter.any(), counter
 
 
-def _check_case(case, block_n, mod=None, counter=None):
+def test_fused_merge_rule():
+    """"auto" merges in the split kernel from FUSED_MIN_SPLITS slices on; "launch" / "fused" force
+    either form; one slice never merges."""
+    auto, launch, fused = (fd.DecodeConfig(64, 4, 2, merge=m) for m in ("auto", "launch", "fused"))
+    n = fd.FUSED_MIN_SPLITS
+    assert [fd.fused_merge(auto, k) for k in (1, 2, n - 1, n, 4 * n)] == [False, False, False, True, True]
+    assert [fd.fused_merge(fused, k) for k in (1, 2, n)] == [False, True, True]
+    assert not any(fd.fused_merge(launch, k) for k in (1, 2, n, 4 * n))
+    assert fd.check_decode(KernelSpec("decode", "bf16", "sm90", 128, 128, 4, "causal"),
+                           fd.DecodeConfig(64, 4, 2, merge="both")) == "merge is one of auto, launch, fused, got 'both'"
+
+
+def _check_case(case, block_n, mod=None, counter=None, merge="auto"):
     dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = case
     dtype = DTYPES[dt]
     mask, wl, wr = mask_kind(causal, window)
@@ -130,7 +136,7 @@ def _check_case(case, block_n, mod=None, counter=None):
     lens = [1] + [int(x) for x in torch.randint(sq, capacity + 1, (B - 1,), generator=torch.Generator().manual_seed(3))]
     lens[-1] = capacity  # a full row
     seqlens = torch.tensor(lens, dtype=torch.int32)
-    cfg = fd.DecodeConfig(block_n, 4, 1, splits)
+    cfg = fd.DecodeConfig(block_n, 4, 1, splits, merge)
     n, split_len = fd.splits(cfg, B, hkv, capacity, 2)
     out = torch.full((B, sq, hq, d), float("nan"), dtype=dtype)
     lse = torch.full((B, hq, sq), float("nan"))
@@ -190,6 +196,40 @@ def test_attention_with_kvcache_appends_in_place(paged):
     opt, _ = reference(q, kr, vr, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
     assert_flash_rule("append", out, o64, opt, 2.0)
     assert_lse_close("append lse", lse, l64)
+
+
+@pytest.mark.parametrize("splits", [8, 16])
+def test_attention_with_kvcache_merges_in_the_split_kernel_from_16_splits(splits):
+    """A call of FUSED_MIN_SPLITS slices or more (the default merge "auto") is one launch whose
+    last program per row merges the slices; fewer keep the combine launch. Three calls (the first
+    builds the plan, the others replay it on its counter), each against float64; the plan's
+    counters end at zero."""
+    from attngen.runtime import kvcache
+
+    B, hq, hkv, d, cap = 2, 8, 2, 64, 16 * 32  # 16 slices of the CPU default's 32-key steps
+    dtype = torch.bfloat16
+    k_cache, v_cache, _ = make_cache(B, cap, hkv, d, dtype, 0, seed=8)
+    kvcache._FAST.clear()
+    for call in range(3):
+        q, = random_inputs((B, 1, hq, d), dtype=dtype, seed=9 + call)
+        seqlens = torch.tensor([cap - 5 * call, 300 + call], dtype=torch.int32)
+        with torch.no_grad():
+            out, lse = attngen.attention_with_kvcache(q, k_cache, v_cache, seqlens, num_splits=splits,
+                                                      return_lse=True)
+        lens = seqlens.tolist()
+        o64, l64 = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
+        opt, _ = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
+        assert_flash_rule(f"call {call}", out, o64, opt, 2.0)
+        assert_lse_close(f"call {call} lse", lse, l64)
+    (plan, _, _), = kvcache._FAST.values()
+    assert plan.num_splits == splits
+    names = [la.fn.__name__ for la in plan.launches_spec]
+    if splits >= fd.FUSED_MIN_SPLITS:
+        assert plan.fused and names == ["_attn_decode"], names
+        (counter,) = plan.counters.values()
+        assert counter.shape == (B * hkv,) and not counter.any(), counter
+    else:
+        assert not plan.fused and not plan.counters and names == ["_attn_decode", "_attn_decode_combine"], names
 
 
 def test_dense_attention_with_a_short_query_runs_the_decode_family():
