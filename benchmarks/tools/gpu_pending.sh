@@ -17,6 +17,10 @@
 #   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
 #                                                 # the packed-document suites, the document edge cases
 #   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
+#   benchmarks/tools/gpu_pending.sh decode-fused  # ~250 s: the decode merge inside the split kernel at
+#                                                 # run time (DecodeConfig.merge, session 61): the decode,
+#                                                 # raw-launch, graph and variant GPU tests, host µs a
+#                                                 # call, the decode bench on the shipped database
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
@@ -156,6 +160,13 @@ for step in "$@"; do
         2>&1 | tail -n 40 | tee "$OUT/docs_tests.log"; rc=${PIPESTATUS[0]}
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
         -k "varlen or documents" 2>&1 | tail -n 40 | tee -a "$OUT/docs_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+    decode-fused)
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_raw_launch.py \
+        tests/gpu/test_gpu_kvcache_api.py tests/gpu/test_gpu_kvcache_guard.py tests/gpu/test_gpu_graphs.py \
+        tests/gpu/test_gpu_codegen_variants.py 2>&1 | tail -n 40 | tee "$OUT/decode_fused_tests.log"; rc=${PIPESTATUS[0]}
+      python3 benchmarks/tools/decode_host_ab.py > "$OUT/decode_host.txt" 2>&1 || rc=1
+      python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_fused.json" 2>&1 | tail -n 30 \
+        | tee "$OUT/bench_decode_fused.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     bench-docs)
       python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
         --out "$OUT/bench_docs.json" 2>&1 | tail -n 20 | tee "$OUT/bench_docs.log"; rc=${PIPESTATUS[0]} ;;
@@ -201,7 +212,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

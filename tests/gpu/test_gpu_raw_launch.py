@@ -93,15 +93,17 @@ def test_bf16_tma_plan_replays_raw():
 
 
 @pytest.mark.parametrize("paged, splits, want_lse", [(False, 4, False), (False, 4, True), (True, 3, False),
-                                                     (False, 1, False)])
+                                                     (False, 1, False), (True, 16, True), (True, 16, False)])
 def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want_lse):
     """attention_with_kvcache's warm calls (its fast path, kvcache._FAST): both launches through
     the raw launcher without descriptor slots (one C-level pick of the arguments), the split
     partials and an unwanted logsumexp as addresses in one allocation; bit for bit against the
-    same plan through Triton's launcher with tensors, on fresh queries and lengths."""
+    same plan through Triton's launcher with tensors, on fresh queries and lengths. 16 slices (paged:
+    64-key steps) merge in the split kernel (one launch, the plan's counter)."""
     from attngen.runtime import kvcache
 
-    B, Hq, Hkv, S, D = 2, 16, 4, 1008, 128
+    B, Hq, Hkv, D = 2, 16, 4, 128
+    S = 1008 if splits < 16 else 2032  # 16 slices whatever the config's key steps (<= 128)
     shape = (B * S // 16, 16, Hkv, D) if paged else (B, S, Hkv, D)
     kc, vc = random_inputs(shape, shape, dtype=torch.bfloat16, device=DEV, seed=1)
     table = torch.randperm(B * S // 16, device=DEV).to(torch.int32).reshape(B, S // 16) if paged else None
@@ -117,6 +119,7 @@ def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want
         call(2), call(3)
         (plan, _, _), = kvcache._FAST.values()
         assert plan.raw and plan.num_splits == splits
+        assert plan.fused == (splits >= 16) and len(plan.launches) == (2 if 1 < splits < 16 else 1)
         assert all(la.raw is not None and la.raw.pick is not None for la in plan.launches)
         for seed in range(4, 8):
             got = call(seed)
@@ -131,11 +134,14 @@ def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want
                 assert torch.equal(got, want), f"seed {seed}"
 
 
-def test_decode_scratch_reuse_is_per_stream_and_graph_safe():
+@pytest.mark.parametrize("splits", [4, 16])
+def test_decode_scratch_reuse_is_per_stream_and_graph_safe(splits):
     """A warm split call on the legacy default stream reuses its plan's scratch buffer; on a
     side stream (running at the same time) and inside a CUDA graph it takes the caching
     allocator's. Calls queued on both streams without a synchronize in between, and a graph
-    replayed while default-stream calls run, give the outputs of cold calls (bit for bit)."""
+    replayed while default-stream calls run, give the outputs of cold calls (bit for bit). At 16
+    slices the merge runs in the split kernel on a counter per stream (and a captured one in the
+    graph), which every call leaves at zero."""
     from attngen.runtime import kvcache
 
     B, Hq, Hkv, S, D = 2, 16, 4, 4096, 128
@@ -143,11 +149,11 @@ def test_decode_scratch_reuse_is_per_stream_and_graph_safe():
     lens = torch.tensor([4000, 3111], dtype=torch.int32, device=DEV)
     qs = random_inputs(*[(B, 1, Hq, D)] * 6, dtype=torch.bfloat16, device=DEV, seed=12)
     kvcache._FAST.clear()
-    call = lambda q: attngen.attention_with_kvcache(q, kc, vc, lens, num_splits=4)  # noqa: E731
+    call = lambda q: attngen.attention_with_kvcache(q, kc, vc, lens, num_splits=splits)  # noqa: E731
     with torch.no_grad():
         call(qs[0]), call(qs[0])
         (plan, _, _), = kvcache._FAST.values()
-        assert plan.raw and plan.num_splits == 4
+        assert plan.raw and plan.num_splits == splits and plan.fused == (splits >= 16)
         # references, one at a time
         want = []
         for q in qs:
@@ -176,3 +182,5 @@ def test_decode_scratch_reuse_is_per_stream_and_graph_safe():
             torch.cuda.synchronize()
             assert torch.equal(static_out, want[i]), f"graph replay {i}"
             assert torch.equal(main, want[(i + 1) % 6]), f"default stream beside replay {i}"
+        if plan.fused:  # the default stream's and the side stream's (the graph's is its own)
+            assert len(plan.counters) == 2 and not any(c.any() for c in plan.counters.values()), plan.counters
