@@ -20,7 +20,8 @@
 #   benchmarks/tools/gpu_pending.sh decode-fused  # ~250 s: the decode merge inside the split kernel at
 #                                                 # run time (DecodeConfig.merge, session 61): the decode,
 #                                                 # raw-launch, graph and variant GPU tests, host µs a
-#                                                 # call, the decode bench on the shipped database
+#                                                 # call, both forms per bench row (decode_merge_ab.py),
+#                                                 # the decode bench on the shipped database
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
@@ -165,6 +166,8 @@ for step in "$@"; do
         tests/gpu/test_gpu_kvcache_api.py tests/gpu/test_gpu_kvcache_guard.py tests/gpu/test_gpu_graphs.py \
         tests/gpu/test_gpu_codegen_variants.py 2>&1 | tail -n 40 | tee "$OUT/decode_fused_tests.log"; rc=${PIPESTATUS[0]}
       python3 benchmarks/tools/decode_host_ab.py > "$OUT/decode_host.txt" 2>&1 || rc=1
+      python3 benchmarks/tools/decode_merge_ab.py --out "$OUT/ab_decode_merge.json" --rounds 2 \
+        > "$OUT/ab_decode_merge.log" 2>&1 || rc=1
       python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_fused.json" 2>&1 | tail -n 30 \
         | tee "$OUT/bench_decode_fused.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     bench-docs)
