@@ -19,11 +19,12 @@
 #   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
 #                                                 # the packed-document suites, the document edge cases
 #   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
-#   benchmarks/tools/gpu_pending.sh decode-fused  # ~250 s: the decode merge inside the split kernel at
+#   benchmarks/tools/gpu_pending.sh decode-fused  # ~150 s: the decode merge inside the split kernel at
 #                                                 # run time (DecodeConfig.merge, session 61): the decode,
-#                                                 # raw-launch, graph and variant GPU tests, host µs a
-#                                                 # call, both forms per bench row (decode_merge_ab.py),
-#                                                 # the decode bench on the shipped database
+#                                                 # raw-launch, graph and variant GPU tests, both forms
+#                                                 # per bench row (decode_merge_ab.py)
+#   benchmarks/tools/gpu_pending.sh decode-bench  # ~120 s: host µs a call (decode_host_ab.py), the decode
+#                                                 # bench on the shipped database
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
@@ -164,19 +165,24 @@ for step in "$@"; do
       done
       grep "^producer" "$OUT/ima_ab.txt" | grep -q "RESULT error" && rc=1 ;;
     docs-tests)
-      python3 -m pytest -q -m "gpu or gpu_full" -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and gluon" \
+      # the kernels the fix changes: the Gluon backward over packed documents, forced (every packed
+      # bwd:gluon case of the grid, full product included) and by default (the varlen suites'
+      # backward tests, the 20,000-document case)
+      python3 -m pytest -q -m "gpu or gpu_full" -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and bwd:gluon" \
         2>&1 | tail -n 40 | tee "$OUT/docs_tests.log"; rc=${PIPESTATUS[0]}
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
-        -k "varlen or documents" 2>&1 | tail -n 40 | tee -a "$OUT/docs_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+        -k "backward or varlen_documents or 20000_documents" 2>&1 | tail -n 40 | tee -a "$OUT/docs_tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     decode-fused)
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_raw_launch.py \
         tests/gpu/test_gpu_kvcache_api.py tests/gpu/test_gpu_kvcache_guard.py tests/gpu/test_gpu_graphs.py \
         tests/gpu/test_gpu_codegen_variants.py 2>&1 | tail -n 40 | tee "$OUT/decode_fused_tests.log"; rc=${PIPESTATUS[0]}
-      python3 benchmarks/tools/decode_host_ab.py > "$OUT/decode_host.txt" 2>&1 || rc=1
       python3 benchmarks/tools/decode_merge_ab.py --out "$OUT/ab_decode_merge.json" --rounds 2 \
-        > "$OUT/ab_decode_merge.log" 2>&1 || rc=1
-      python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_fused.json" 2>&1 | tail -n 30 \
-        | tee "$OUT/bench_decode_fused.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
+        > "$OUT/ab_decode_merge.log" 2>&1 || rc=1 ;;
+    decode-bench)
+      python3 benchmarks/tools/decode_host_ab.py > "$OUT/decode_host.txt" 2>&1 || rc=1
+      python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode.json" 2>&1 | tail -n 30 \
+        | tee "$OUT/bench_decode.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     bench-docs)
       python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
         --out "$OUT/bench_docs.json" 2>&1 | tail -n 20 | tee "$OUT/bench_docs.log"; rc=${PIPESTATUS[0]} ;;
@@ -189,8 +195,8 @@ for step in "$@"; do
       timeout 200 python3 -m attngen.cli tune --device auto --family decode \
         --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
         --trials 16 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_splits.log"; rc=${PIPESTATUS[0]}
-      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode.json" \
-        > "$OUT/bench_decode.log" 2>&1 || rc=1 ;;
+      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_tuned.json" \
+        > "$OUT/bench_decode_tuned.log" 2>&1 || rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -222,7 +228,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ws-fix | pack | ima-ab | docs-tests | bench-docs | decode-fused | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | ws-fix | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
