@@ -128,7 +128,7 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     (benchmarks/tools/fwd_ab.py, bwd_ab.py; varlen_ab.py, removed: in git at 486282c): {"head_chunks":
     "split" | "pad", "dp_first": "auto" | "on" | "off", "doc_guard": "auto" | "desc" | "zero" | "off",
     "tile_order": "grouped" | "lpt", "dkdv_order": "grouped" | "lpt", "dq_reverse": "off" | "on",
-    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ...};
+    "fp8_perm": "on" | "off", "fp8_rot_tile": 0 | 64 | ..., "ws_doc_desc": "producer" | "shared"};
     the build always uses the defaults. (ws_dq, dQ inside the Gluon dK/dV pass, was measured and
     removed: docs/notes.md. decode_combine, the decode merge inside the split kernel, became the
     decode config's `merge` field and the kernel's FUSED constexpr in session 61.)"""
@@ -183,6 +183,14 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
         # head's first block first; H100, GQA 32/8 causal S8192 405 -> 456 TFLOP/s, the pass 2034
         # -> 1681 us, benchmarks/ab/h100_ab_bwd_dkdv_lpt_2026-12-07.json), else tile_order
         "dkdv_order": options.get("dkdv_order", "lpt" if spec.mask == "causal" and not spec.varlen else tile_order),
+        # the Gluon backward passes over packed documents: the per-document descriptors the
+        # producer warp loads through are made in the producer partition, which fences them for
+        # its own loads ("producer": the tensormap proxy's acquire orders only the executing
+        # thread's reads; docs/notes.md, sessions 60-61), or only in the entry before the
+        # partitions start ("shared": one warp of the first consumer makes them and fences them
+        # for itself, so the producer's copies may read a stale descriptor); the build renders
+        # "producer"
+        "ws_doc_producer": options.get("ws_doc_desc", "producer") == "producer",
         # expressions (attngen.codegen.exprgen): the fragments' helper and this spec's names; the
         # sm90 TMA / Gluon kernels take no expressions yet (the pointer kernels serve them)
         "xg": exprgen,

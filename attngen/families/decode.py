@@ -39,10 +39,10 @@ class DecodeConfig:
     # slices of the key axis per (batch row, KV head): 0 = from shapes (splits()), else this many
     # (fewer when the cache is shorter than num_splits x block_n)
     num_splits: int = 0
-    # how a split call merges its slices: "launch" (the combine kernel, a second launch), "fused"
-    # (the row's last slice to finish merges them in the split kernel, a counter per row), "auto"
-    # (fused_merge(): fused from FUSED_MIN_SPLITS slices on)
-    merge: str = "auto"
+    # how a split call merges its slices: "launch" (the combine kernel, a second launch) or
+    # "fused" (the row's last slice to finish merges them in the split kernel, a counter per row;
+    # MERGES says where each won)
+    merge: str = "launch"
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -82,22 +82,24 @@ def check_decode(spec: KernelSpec, cfg: DecodeConfig) -> str | None:
     return None
 
 
-MERGES = ("auto", "launch", "fused")
-# "auto" merges inside the split kernel from this many slices on. H100, hd128 bf16, do_bench µs a
-# call, the two forms alternated in one process, three rounds (session 56,
-# benchmarks/ab/h100_ab_decode_merge_2026-12-07.json): 16 slices (B1 KV4k GQA 32/8) 23.1-23.6
-# with the combine launch against 22.2-22.8 fused, 32 (B1 KV32k, KV128k) 74.6-74.9 / 71.6-71.7 and
-# 206.4-206.8 / 202.9-203.1; 9 (MHA B1 KV32k) 213.3-213.8 / 212.4-213.0, even; 5 (B8 KV32k GQA
-# 32/8) 390.7-391.2 / 432.3-432.5, fused 10 % slower. The fused form also saves the host one
-# launch a call (the B1 KV4k row is host-bound)
-FUSED_MIN_SPLITS = 16
+MERGES = ("launch", "fused")
+# Neither form wins every row, on either machine, so the default is the combine launch and the
+# tuner picks per bucket ("merge" in SPACE). do_bench µs a call, both forms alternated in one
+# process:
+# - H100, default configs (session 56, benchmarks/ab/h100_ab_decode_merge_2026-12-07.json, three
+#   rounds): fused faster at 16 slices (B1 KV4k GQA 32/8, 23.1-23.6 -> 22.2-22.8) and 32 (B1 KV32k
+#   74.6-74.9 -> 71.6-71.7, B1 KV128k 206.4-206.8 -> 202.9-203.1), even at 9 (MHA B1 KV32k), 10 %
+#   slower at 5 (B8 KV32k GQA 32/8, 390.7-391.2 -> 432.3-432.5);
+# - H200, the shipped (H100-tuned) configs, every decode bench row (session 61,
+#   benchmarks/ab/h200_ab_decode_merge_2026-12-07.json, two rounds): fused 6 % faster at B8 KV32k
+#   GQA 32/8 (8 slices, 279.4 -> 262.2-262.9) and 7 % at B8 KV8k MHA (2 slices, 281.7-282.6 ->
+#   261.9-263.0); 1 % slower at B1 KV128k (33), MHA B1 KV32k (8) and hd64 B8 KV32k (5); even at
+#   B1 KV32k (32) and where there is one slice.
 
 
 def fused_merge(cfg: DecodeConfig, num_splits: int) -> bool:
     """Whether a call of `num_splits` slices (splits()) merges them in the split kernel."""
-    if num_splits < 2 or cfg.merge == "launch":
-        return False
-    return cfg.merge == "fused" or num_splits >= FUSED_MIN_SPLITS
+    return num_splits > 1 and cfg.merge == "fused"
 
 
 def _pad(d: int) -> int:
@@ -137,9 +139,8 @@ SPACE: dict[str, tuple] = {
     # are the decode rows furthest from SDPA's cuDNN backend (0.87 / 0.94), and no count between
     # 8 and 32 had been tried there
     "num_splits": (0, 1, 8, 16, 32),
-    # the merge inside the split kernel (session 61): "auto" is fused_merge()'s rule, which the
-    # tuner may beat either way
-    "merge": ("auto", "launch", "fused"),
+    # the merge inside the split kernel (session 61; MERGES)
+    "merge": ("launch", "fused"),
 }
 
 

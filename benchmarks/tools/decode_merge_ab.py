@@ -6,7 +6,8 @@ database's winner or the default) and its merge forced to "launch" (the combine 
 rounds: do_bench median µs of a call, host µs of a call (200 calls enqueued before one
 synchronize), GB/s of K and V read, and the largest difference of the two forms' outputs (the
 same merge code in the same split order, compiled into kernels of other warp counts: 0 or a few
-ulps). "auto" is the form the runtime picks for the row (fused from FUSED_MIN_SPLITS slices). GPU.
+ulps). "runtime": the form the row's config runs (DecodeConfig.merge; "launch" unless the
+tuning database's winner says otherwise). GPU.
 
     python3 benchmarks/tools/decode_merge_ab.py --out decode_merge_ab.json [--rounds 3]
     TRITON_INTERPRET=1 python3 benchmarks/tools/decode_merge_ab.py --out /tmp/x.json --device cpu
@@ -54,7 +55,7 @@ def main() -> int:
         (plan, _, _), = kvcache._FAST.values()
         base, source, n = plan.config, plan.config_source, plan.num_splits
         row = {"row": c.name, "splits": n, "config": base.as_dict(), "source": source,
-               "auto": "fused" if fd.fused_merge(base, n) else "launch"}
+               "runtime": "fused" if fd.fused_merge(base, n) else "launch"}
         calls, outs = {}, {}
         for form in ("launch", "fused"):
             cfg = dataclasses.replace(base, merge=form)

@@ -9,13 +9,11 @@
 #                                                 # plain and under compute-sanitizer memcheck
 #   benchmarks/tools/gpu_pending.sh ima-sweep     # ~150 s: the case beside hogs leaving 30 / 24 / 20 /
 #                                                 # 16 GiB, then three processes at once, twice
-#   benchmarks/tools/gpu_pending.sh ws-fix        # ~20 s: benchmarks/patches/ws_doc_producer.diff applied to
-#                                                 # this copy and generated/ rebuilt (before pack / ima-ab)
 #   benchmarks/tools/gpu_pending.sh pack          # ~60 s: the shipped pack rebuilt into $OUT and into this
 #                                                 # copy's attngen/packs, then tests/gpu/test_gpu_packs.py
 #   benchmarks/tools/gpu_pending.sh ima-ab        # ~300 s: ima_repro.py in three processes at once, rounds
 #                                                 # alternating the built form (ws_doc_desc=producer) and
-#                                                 # the old one (--switch ws_doc_desc=shared); after ws-fix
+#                                                 # the old one (--switch ws_doc_desc=shared)
 #   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
 #                                                 # the packed-document suites, the document edge cases
 #   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
@@ -139,11 +137,6 @@ for step in "$@"; do
         done
       done
       grep -q "RESULT error" "$OUT/ima_bisect.txt" && rc=1 ;;
-    ws-fix)
-      # the Gluon packed-documents backward's producer warp making and fencing its own descriptors
-      # (docs/notes.md, sessions 60-61), applied to this copy of the tree only
-      { git apply benchmarks/patches/ws_doc_producer.diff && python3 -m attngen.cli build specs/ | tail -n 1; } \
-        2>&1 | tee "$OUT/ws_fix.log"; rc=${PIPESTATUS[0]} ;;
     pack)
       # the shipped pack (docs/serving.md): rebuilt whenever generated/ kernels it holds change
       python3 -m attngen.cli warmup specs/llama.yaml --seqlens 1024,4096,16384 --backward \
@@ -157,7 +150,7 @@ for step in "$@"; do
       # the 20,000-document case in three processes at once (the setting that faulted in session
       # 60), rounds alternating the built Gluon backward (its producer warp makes and fences its
       # own per-document descriptors) and the old form (only the entry's, fenced by one consumer
-      # warp: --switch ws_doc_desc=shared); after ws-fix. One line per process in ima_ab.txt
+      # warp: --switch ws_doc_desc=shared). One line per process in ima_ab.txt
       rc=0
       for round in 1 2 3; do
         repro3 "producer round $round" ima_ab --iters 2 --trace
@@ -228,7 +221,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | ws-fix | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

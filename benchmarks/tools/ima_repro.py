@@ -13,8 +13,8 @@ before CUDA starts, so the launch that faults raises, and its kernel is named by
 `launch` line printed (`--trace`).
 
     python3 benchmarks/tools/ima_repro.py --fwd tma --bwd default --iters 3 [--blocking --trace]
-    python3 benchmarks/tools/ima_repro.py --switch ws_doc_desc=producer   # the fix under test, with
-                                        # benchmarks/patches/ws_doc_producer.diff applied
+    python3 benchmarks/tools/ima_repro.py --switch ws_doc_desc=shared   # the Gluon backward as it was
+                                        # before session 61 (only the entry's descriptors)
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="print each kernel launch's name before it runs")
     ap.add_argument("--switch", action="append", default=[],
                     help="NAME=VALUE: a codegen option the backward modules are rendered with (e.g. "
-                         "ws_doc_desc=producer, with benchmarks/patches/ws_doc_producer.diff applied)")
+                         "ws_doc_desc=shared: the Gluon backward's old per-document descriptors)")
     args = ap.parse_args()
     if args.blocking:
         os.environ["CUDA_LAUNCH_BLOCKING"] = "1"

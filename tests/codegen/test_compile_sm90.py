@@ -37,22 +37,14 @@ def probe(*args: str, defined: bool = True) -> list[dict]:
 def checked(reports: list[dict], defined: bool, args: tuple = ()) -> list[dict]:
     """`reports`, after probe's `defined` check and the fence check: no TMA copy through a
     descriptor the kernel made that the issuing warp-specialized partition never acquired
-    (attngen.bench.ptx.unfenced_descriptor_loads). Known exception, kept strict so that its fix
-    shows here: the Gluon backward passes over packed documents, whose producer warp loads
-    through descriptors the first consumer's warp made and acquired (docs/notes.md, session 60;
-    the fix, benchmarks/patches/ws_doc_producer.diff, waits for a GPU session to rebuild the
-    shipped pack). Once it lands, this test fails here: drop the exception."""
+    (attngen.bench.ptx.unfenced_descriptor_loads; the Gluon backward passes over packed documents
+    had 4 each until their producer warp made and fenced its own descriptors: docs/notes.md,
+    sessions 60-61)."""
     if defined:
         assert all(r["undefined_uniform_reads"] == [] for r in reports), [
             (r["kernel"], r["num_warps"], r["undefined_uniform_reads"]) for r in reports if r["undefined_uniform_reads"]]
     for r in reports:
-        known = "--varlen" in args and args[:1] == ("bwd",) and r["kernel"] in ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")
-        if known:
-            assert r["unfenced_descriptor_loads"], (
-                f"{r['kernel']} over packed documents now acquires its descriptors in the loading partition: "
-                "drop the known exception in checked()")
-        else:
-            assert r["unfenced_descriptor_loads"] == [], (r["kernel"], args, r["unfenced_descriptor_loads"][:4])
+        assert r["unfenced_descriptor_loads"] == [], (r["kernel"], args, r["unfenced_descriptor_loads"][:4])
     return reports
 
 

@@ -59,18 +59,20 @@ def test_gpu_decode_against_float64(case):
     assert_lse_close(_name(case) + " lse", lse, l64)
 
 
-def test_gpu_decode_poisoned_outputs_are_all_written():
+@pytest.mark.parametrize("merge", ["launch", "fused"])
+def test_gpu_decode_poisoned_outputs_are_all_written(merge):
     """Through the launcher with NaN-poisoned outputs and partial buffers (several splits, some
     empty for the short rows); on sm90 the combine follows the split kernel with programmatic
     dependent launch (use_pdl None: the launcher's choice; it reads the partial buffers only after
-    waiting for the split kernel), and without it (False) the outputs are the same bits."""
+    waiting for the split kernel), and without it (False) the outputs are the same bits. merge
+    "fused": one launch (the split kernel merges), no programmatic dependent launch either way."""
     B, sq, hq, hkv, d, cap = 4, 2, 16, 4, 128, 3000
     spec = KernelSpec("decode", "bf16", "sm90", d, d, hq // hkv, "causal", False, False)
     mod = loader.load(spec)
     k_cache, v_cache, _ = _cache(B, cap, hkv, d, torch.bfloat16, 0, seed=4)
     q, = random_inputs((B, sq, hq, d), dtype=torch.bfloat16, device=DEV, seed=5)
     lens = [2, 100, 1777, 3000]
-    cfg = fd.DecodeConfig(64, 4, 2, 16)
+    cfg = fd.DecodeConfig(64, 4, 2, 16, merge)
     n, split_len = fd.splits(cfg, B, hkv, cap, 132)
     mask, wl, wr = mask_kind(True, (-1, -1))
     o64, l64 = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
@@ -84,8 +86,11 @@ def test_gpu_decode_poisoned_outputs_are_all_written():
         launches = fd.decode_launches(mod, spec, q, k_cache, v_cache, out, lse, op, lp,
                                       MaskArgs(1 / math.sqrt(d), 0.0, wl, wr, False), cfg, n, split_len,
                                       torch.tensor(lens, dtype=torch.int32, device=DEV), use_pdl=use_pdl)
-        assert n > 1 and launches[-1].fn.__name__ == "_attn_decode_combine"
-        assert launches[-1].pdl is (use_pdl is None and torch.cuda.get_device_capability() >= (9, 0))
+        if merge == "launch":
+            assert n > 1 and launches[-1].fn.__name__ == "_attn_decode_combine"
+            assert launches[-1].pdl is (use_pdl is None and torch.cuda.get_device_capability() >= (9, 0))
+        else:
+            assert n > 1 and [la.fn.__name__ for la in launches] == ["_attn_decode"] and not launches[0].pdl
         for la in launches:
             la.run()
         assert_flash_rule(f"poisoned pdl={use_pdl}", out, o64, opt, 2.0)

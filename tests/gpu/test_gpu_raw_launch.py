@@ -6,13 +6,17 @@ output (a descriptor's base in the Gluon kernels) moves between calls."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import attngen
+from attngen.families.decode import DecodeConfig
 from attngen.kernels.launch import RawLauncher
 from attngen.problem import random_inputs
 from attngen.runtime import api
+from attngen.runtime.dispatch import forced_config
 from attngen.runtime import fp8 as rt_fp8
 
 pytestmark = pytest.mark.gpu
@@ -92,18 +96,19 @@ def test_bf16_tma_plan_replays_raw():
         assert torch.equal(out, want)
 
 
-@pytest.mark.parametrize("paged, splits, want_lse", [(False, 4, False), (False, 4, True), (True, 3, False),
-                                                     (False, 1, False), (True, 16, True), (True, 16, False)])
-def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want_lse):
+@pytest.mark.parametrize("paged, splits, want_lse, fused", [(False, 4, False, False), (False, 4, True, False),
+                                                            (True, 3, False, False), (False, 1, False, False),
+                                                            (True, 16, True, True), (False, 16, False, True)])
+def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want_lse, fused):
     """attention_with_kvcache's warm calls (its fast path, kvcache._FAST): both launches through
     the raw launcher without descriptor slots (one C-level pick of the arguments), the split
     partials and an unwanted logsumexp as addresses in one allocation; bit for bit against the
-    same plan through Triton's launcher with tensors, on fresh queries and lengths. 16 slices (paged:
-    64-key steps) merge in the split kernel (one launch, the plan's counter)."""
+    same plan through Triton's launcher with tensors, on fresh queries and lengths. `fused`: a
+    forced config with merge "fused" (64-key steps, 16 slices), one launch on the plan's counter."""
     from attngen.runtime import kvcache
 
     B, Hq, Hkv, D = 2, 16, 4, 128
-    S = 1008 if splits < 16 else 2032  # 16 slices whatever the config's key steps (<= 128)
+    S = 1008 if splits < 16 else 2032  # 16 slices of the forced 64-key steps
     shape = (B * S // 16, 16, Hkv, D) if paged else (B, S, Hkv, D)
     kc, vc = random_inputs(shape, shape, dtype=torch.bfloat16, device=DEV, seed=1)
     table = torch.randperm(B * S // 16, device=DEV).to(torch.int32).reshape(B, S // 16) if paged else None
@@ -112,14 +117,15 @@ def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want
     def call(seed):
         q, = random_inputs((B, 1, Hq, D), dtype=torch.bfloat16, device=DEV, seed=seed)
         lens = torch.tensor([700 + seed, 900 - seed], dtype=torch.int32, device=DEV)
-        return attngen.attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=splits,
-                                              return_lse=want_lse)
+        with forced_config(**({"decode": DecodeConfig(64, 4, 3, splits, "fused")} if fused else {})):
+            return attngen.attention_with_kvcache(q, kc, vc, lens, block_table=table, num_splits=splits,
+                                                  return_lse=want_lse)
 
     with torch.no_grad():
         call(2), call(3)
         (plan, _, _), = kvcache._FAST.values()
         assert plan.raw and plan.num_splits == splits
-        assert plan.fused == (splits >= 16) and len(plan.launches) == (2 if 1 < splits < 16 else 1)
+        assert plan.fused == fused and len(plan.launches) == (2 if splits > 1 and not fused else 1)
         assert all(la.raw is not None and la.raw.pick is not None for la in plan.launches)
         for seed in range(4, 8):
             got = call(seed)
@@ -134,14 +140,15 @@ def test_decode_warm_calls_replay_raw_with_scratch_addresses(paged, splits, want
                 assert torch.equal(got, want), f"seed {seed}"
 
 
-@pytest.mark.parametrize("splits", [4, 16])
-def test_decode_scratch_reuse_is_per_stream_and_graph_safe(splits):
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_scratch_reuse_is_per_stream_and_graph_safe(fused):
     """A warm split call on the legacy default stream reuses its plan's scratch buffer; on a
     side stream (running at the same time) and inside a CUDA graph it takes the caching
     allocator's. Calls queued on both streams without a synchronize in between, and a graph
-    replayed while default-stream calls run, give the outputs of cold calls (bit for bit). At 16
-    slices the merge runs in the split kernel on a counter per stream (and a captured one in the
-    graph), which every call leaves at zero."""
+    replayed while default-stream calls run, give the outputs of cold calls (bit for bit). `fused`:
+    a forced config with merge "fused" (the tuned or default config's block, warps and stages),
+    the merge in the split kernel on a counter per stream (and a captured one in the graph), which
+    every call leaves at zero."""
     from attngen.runtime import kvcache
 
     B, Hq, Hkv, S, D = 2, 16, 4, 4096, 128
@@ -149,11 +156,20 @@ def test_decode_scratch_reuse_is_per_stream_and_graph_safe(splits):
     lens = torch.tensor([4000, 3111], dtype=torch.int32, device=DEV)
     qs = random_inputs(*[(B, 1, Hq, D)] * 6, dtype=torch.bfloat16, device=DEV, seed=12)
     kvcache._FAST.clear()
-    call = lambda q: attngen.attention_with_kvcache(q, kc, vc, lens, num_splits=splits)  # noqa: E731
+    with torch.no_grad():
+        attngen.attention_with_kvcache(qs[0], kc, vc, lens, num_splits=4)
+        (plan, _, _), = kvcache._FAST.values()
+        forced = {"decode": dataclasses.replace(plan.config, merge="fused")} if fused else {}
+    kvcache._FAST.clear()
+
+    def call(q):
+        with forced_config(**forced):
+            return attngen.attention_with_kvcache(q, kc, vc, lens, num_splits=4)
+
     with torch.no_grad():
         call(qs[0]), call(qs[0])
         (plan, _, _), = kvcache._FAST.values()
-        assert plan.raw and plan.num_splits == splits and plan.fused == (splits >= 16)
+        assert plan.raw and plan.num_splits == 4 and plan.fused == fused
         # references, one at a time
         want = []
         for q in qs:

@@ -113,18 +113,17 @@ def test_fused_merge_matches_float64_and_leaves_the_counters_at_zero(case, block
 
 
 def test_fused_merge_rule():
-    """"auto" merges in the split kernel from FUSED_MIN_SPLITS slices on; "launch" / "fused" force
-    either form; one slice never merges."""
-    auto, launch, fused = (fd.DecodeConfig(64, 4, 2, merge=m) for m in ("auto", "launch", "fused"))
-    n = fd.FUSED_MIN_SPLITS
-    assert [fd.fused_merge(auto, k) for k in (1, 2, n - 1, n, 4 * n)] == [False, False, False, True, True]
-    assert [fd.fused_merge(fused, k) for k in (1, 2, n)] == [False, True, True]
-    assert not any(fd.fused_merge(launch, k) for k in (1, 2, n, 4 * n))
+    """"fused" merges in the split kernel whenever the call has slices to merge; "launch", the
+    default, never does; anything else is refused with the field named."""
+    launch, fused = (fd.DecodeConfig(64, 4, 2, merge=m) for m in ("launch", "fused"))
+    assert fd.DecodeConfig(64, 4, 2).merge == "launch"
+    assert [fd.fused_merge(fused, k) for k in (1, 2, 16, 128)] == [False, True, True, True]
+    assert not any(fd.fused_merge(launch, k) for k in (1, 2, 16, 128))
     assert fd.check_decode(KernelSpec("decode", "bf16", "sm90", 128, 128, 4, "causal"),
-                           fd.DecodeConfig(64, 4, 2, merge="both")) == "merge is one of auto, launch, fused, got 'both'"
+                           fd.DecodeConfig(64, 4, 2, merge="auto")) == "merge is one of launch, fused, got 'auto'"
 
 
-def _check_case(case, block_n, mod=None, counter=None, merge="auto"):
+def _check_case(case, block_n, mod=None, counter=None, merge="launch"):
     dt, B, sq, hq, hkv, d, cap, causal, window, softcap, page, splits = case
     dtype = DTYPES[dt]
     mask, wl, wr = mask_kind(causal, window)
@@ -198,33 +197,34 @@ def test_attention_with_kvcache_appends_in_place(paged):
     assert_lse_close("append lse", lse, l64)
 
 
-@pytest.mark.parametrize("splits", [8, 16])
-def test_attention_with_kvcache_merges_in_the_split_kernel_from_16_splits(splits):
-    """A call of FUSED_MIN_SPLITS slices or more (the default merge "auto") is one launch whose
-    last program per row merges the slices; fewer keep the combine launch. Three calls (the first
-    builds the plan, the others replay it on its counter), each against float64; the plan's
-    counters end at zero."""
+@pytest.mark.parametrize("merge", ["launch", "fused"])
+def test_attention_with_kvcache_merge_forms(merge):
+    """A split call with merge "fused" (forced here; the tuner may pick it per bucket) is one launch
+    whose last program per row merges the slices, on the plan's counter; "launch" keeps the combine
+    launch and no counter. Three calls (the first builds the plan, the others replay it), each
+    against float64; the counters end at zero."""
     from attngen.runtime import kvcache
+    from attngen.runtime.dispatch import forced_config
 
-    B, hq, hkv, d, cap = 2, 8, 2, 64, 16 * 32  # 16 slices of the CPU default's 32-key steps
+    B, hq, hkv, d, cap = 2, 8, 2, 64, 16 * 32  # 16 slices of 32-key steps
     dtype = torch.bfloat16
     k_cache, v_cache, _ = make_cache(B, cap, hkv, d, dtype, 0, seed=8)
     kvcache._FAST.clear()
-    for call in range(3):
-        q, = random_inputs((B, 1, hq, d), dtype=dtype, seed=9 + call)
-        seqlens = torch.tensor([cap - 5 * call, 300 + call], dtype=torch.int32)
-        with torch.no_grad():
-            out, lse = attngen.attention_with_kvcache(q, k_cache, v_cache, seqlens, num_splits=splits,
-                                                      return_lse=True)
-        lens = seqlens.tolist()
-        o64, l64 = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
-        opt, _ = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
-        assert_flash_rule(f"call {call}", out, o64, opt, 2.0)
-        assert_lse_close(f"call {call} lse", lse, l64)
+    with forced_config(decode=fd.DecodeConfig(32, 4, 1, 16, merge)):
+        for call in range(3):
+            q, = random_inputs((B, 1, hq, d), dtype=dtype, seed=9 + call)
+            seqlens = torch.tensor([cap - 5 * call, 300 + call], dtype=torch.int32)
+            with torch.no_grad():
+                out, lse = attngen.attention_with_kvcache(q, k_cache, v_cache, seqlens, return_lse=True)
+            lens = seqlens.tolist()
+            o64, l64 = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d))
+            opt, _ = reference(q, k_cache, v_cache, lens, True, (-1, -1), 0.0, 1 / math.sqrt(d), upcast=False)
+            assert_flash_rule(f"call {call}", out, o64, opt, 2.0)
+            assert_lse_close(f"call {call} lse", lse, l64)
     (plan, _, _), = kvcache._FAST.values()
-    assert plan.num_splits == splits
+    assert plan.num_splits == 16 and plan.config_source == "forced"
     names = [la.fn.__name__ for la in plan.launches_spec]
-    if splits >= fd.FUSED_MIN_SPLITS:
+    if merge == "fused":
         assert plan.fused and names == ["_attn_decode"], names
         (counter,) = plan.counters.values()
         assert counter.shape == (B * hkv,) and not counter.any(), counter
