@@ -216,10 +216,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
                   caption=f"*: under {MIN_GAIN:.0%} over the default, which then serves the bucket; "
                           f"stale: tuned on another version of the kernel (its generated module's "
                           f"hash now differs), ignored by the runtime; re-tune; overlaid: a winner of "
-                          f"the user's database serves this bucket instead")
+                          f"the user's database serves this bucket instead; measured on: the GPU "
+                          f"of the winning trial (one class serves every GPU of its architecture)")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
                       ("speed", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left"),
-                      ("from", "left")):
+                      ("measured on", "left"), ("from", "left")):
         table.add_column(col, justify=just, no_wrap=col != "config")
     for origin, r in rows:
         overlaid = first[(r.uri, r.device_class, r.bucket)] != origin
@@ -228,8 +229,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
                       f"{r.default_tflops:.1f}" if r.default_tflops else "-",
                       (f"{r.gain:+.1%}" + ("*" if r.gain < MIN_GAIN else "")) if r.gain is not None else "-",
                       r.template_hash + ("" if r.template_hash == current[r.uri] else " stale"),
-                      origin + (" (overlaid)" if overlaid else ""))
-    Console(width=max(160, Console().width), soft_wrap=False).print(table)
+                      r.gpu_name.removeprefix("NVIDIA "), origin + (" (overlaid)" if overlaid else ""))
+    Console(width=max(180, Console().width), soft_wrap=False).print(table)
     return 0
 
 

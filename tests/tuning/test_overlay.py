@@ -88,6 +88,9 @@ def test_db_import_adds_to_what_ships_and_db_show_says_where_each_winner_is(inst
             if line.startswith("│ attn_")}
     assert rows == {("q1024_k1024_bh32", "user"), ("q1024_k1024_bh32", "shipped (overlaid)"),
                     ("q8192_k8192_bh32", "shipped")}, out
+    # the GPU that measured each winner (the trial's device row), beside the class it serves
+    gpus = {line.split("│")[-3].strip() for line in out.splitlines() if line.startswith("│ attn_")}
+    assert gpus == {"H200"}, out
 
 
 def test_explain_names_the_class_and_the_database_a_tuned_config_came_from(installed, monkeypatch):
