@@ -16,16 +16,24 @@ class DeviceProfile:
     target: str  # kernel target the class runs (a spec's `targets`): sm90 or sm80
     capabilities: tuple[tuple[int, int], ...]  # CUDA compute capabilities that belong to it
     gpus: str  # examples, for messages and `attngen tune --help`
+    # a GPU model's class inside an architecture's class: GPUs whose name has a word in `models`
+    # are tuned under it, and their lookups fall back to the parent's winners bucket by bucket
+    # (the H200 has the H100's SMs and clocks but 1.4x its memory bandwidth: memory-bound decode
+    # picks other split counts there)
+    parent: str | None = None
+    models: tuple[str, ...] = ()
 
 
 PROFILES = {p.name: p for p in (
     DeviceProfile("a100", "sm80", "sm80", ((8, 0),), "A100, A30, A800"),
     DeviceProfile("sm86", "sm86", "sm80", ((8, 6),), "A10, A40, RTX 30"),
     DeviceProfile("sm89", "sm89", "sm80", ((8, 9),), "L4, L40S, RTX 40"),
-    DeviceProfile("h100", "sm90", "sm90", ((9, 0),), "H100, H200, GH200"),
+    DeviceProfile("h100", "sm90", "sm90", ((9, 0),), "H100, GH200; H200 without winners of its own"),
+    DeviceProfile("h200", "h200", "sm90", ((9, 0),), "H200", parent="h100", models=("H200",)),
 )}
 AUTO = "auto"  # `attngen tune --device auto`: the class of the GPU tuning runs on
-ALIASES = {p.arch: p.name for p in PROFILES.values() if p.arch != p.name}  # sm80 -> a100, sm90 -> h100
+ALIASES = {p.arch: p.name for p in PROFILES.values()  # sm80 -> a100, sm90 -> h100
+           if p.arch != p.name and p.parent is None}
 DEVICE_CHOICES = (AUTO, *sorted({*PROFILES, *ALIASES}))
 CPU_CLASS = "cpu"  # Triton's interpreter: never tuned, its own default table
 
@@ -52,11 +60,34 @@ def _capability_of_class(name: str) -> tuple[int, int] | None:
     return cap if cap[0] >= 8 and class_of_capability(*cap) is None else None
 
 
-def own_class(major: int, minor: int) -> str | None:
-    """The class a GPU is tuned under: its profile's, else sm<major><minor> for an sm80+ GPU no
-    profile holds (a newer architecture: it runs the sm80 kernels, and `attngen tune` measures
-    them there under that class, which the runtime reads for that GPU); None below sm80."""
-    return class_of_capability(major, minor) or (f"sm{major}{minor}" if major >= 8 else None)
+def own_class(major: int, minor: int, gpu_name: str = "") -> str | None:
+    """The class a GPU is tuned under: its model's (h200: PROFILES' `models` in its name), else
+    its architecture's profile's, else sm<major><minor> for an sm80+ GPU no profile holds (a newer
+    architecture: it runs the sm80 kernels, and `attngen tune` measures them there under that
+    class, which the runtime reads for that GPU); None below sm80."""
+    base = class_of_capability(major, minor)
+    if base is None:
+        return f"sm{major}{minor}" if major >= 8 else None
+    for p in PROFILES.values():
+        if p.parent == base and _is_model(gpu_name, p):
+            return p.name
+    return base
+
+
+def _is_model(gpu_name: str, p: DeviceProfile) -> bool:
+    """Whether the GPU's name (torch.cuda.get_device_name: "NVIDIA H200", "NVIDIA H200 NVL") has one
+    of the profile's model words; "NVIDIA GH200 480GB" is not an H200."""
+    return any(m in gpu_name.split() for m in p.models)
+
+
+def lineage(name: str) -> tuple[str, ...]:
+    """The classes whose winners serve a GPU of class `name`, most specific first: (h200, h100)
+    for an H200, (name,) for every other class."""
+    out = [name]
+    while name in PROFILES and PROFILES[name].parent is not None:
+        name = PROFILES[name].parent
+        out.append(name)
+    return tuple(out)
 
 
 def profile(name: str) -> DeviceProfile:
@@ -71,9 +102,10 @@ def profile(name: str) -> DeviceProfile:
 
 
 def class_of_capability(major: int, minor: int) -> str | None:
-    """The profile name of a compute capability, None when no profile holds it."""
+    """The architecture's profile name of a compute capability (never a model's class: own_class
+    picks that from the GPU's name), None when no profile holds it."""
     for p in PROFILES.values():
-        if (major, minor) in p.capabilities:
+        if p.parent is None and (major, minor) in p.capabilities:
             return p.name
     return None
 
@@ -96,6 +128,9 @@ def describe(name: str) -> str:
     if p is None:  # sm<cc> of a GPU no profile holds
         return (f"{name}: in no device profile, the sm80 kernels under a class of its own (default "
                 f"configs until `attngen tune` runs on such a GPU)")
+    if p.parent is not None:
+        return (f"{p.name} ({p.gpus}): the {p.target} kernels; buckets without an {p.name} winner "
+                f"use the {p.parent} class's")
     return f"{p.name} ({p.arch}: {p.gpus}): the {p.target} kernels"
 
 
@@ -132,13 +167,15 @@ def check_profile(info: DeviceInfo, name: str) -> str | None:
         p = profile(canonical(name))
     except (ValueError, KeyError):
         return f"unknown device class {name!r} (known: {', '.join(DEVICE_CHOICES)})"
-    if info.capability in p.capabilities:
-        return None
     major, minor = info.capability
-    have = own_class(major, minor)
-    caps = ", ".join(f"sm{a}{b}" for a, b in p.capabilities)
+    if info.capability in p.capabilities and (not p.models or _is_model(info.gpu_name, p)):
+        return None
+    have = own_class(major, minor, info.gpu_name)
+    needs = ", ".join(f"sm{a}{b}" for a, b in p.capabilities)
+    if p.models:
+        needs = f"an {' or '.join(p.models)} ({needs})"
     return (f"GPU {info.index} is {info.gpu_name} (sm{major}{minor}, "
-            f"{'class ' + have if have else 'older than sm80'}); --device {name} needs {caps} "
+            f"{'class ' + have if have else 'older than sm80'}); --device {name} needs {needs} "
             f"({p.gpus}); --device auto picks the GPU's own class")
 
 

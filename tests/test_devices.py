@@ -57,11 +57,34 @@ def test_gpus_outside_every_profile():
     assert "in no device profile" in devices.describe("sm100")
 
 
-@pytest.mark.parametrize("capability, name", [((8, 9), "sm89"), ((8, 6), "sm86"), ((9, 0), "h100"),
-                                              ((12, 0), "sm120")])
-def test_the_runtime_maps_a_gpu_through_the_same_table(monkeypatch, capability, name):
-    """dispatch.device_class of a CUDA device, with the capability query answered for a GPU this
-    machine does not have."""
+@pytest.mark.parametrize("capability, gpu, name", [
+    ((8, 9), "NVIDIA L40S", "sm89"), ((8, 6), "NVIDIA A10", "sm86"), ((9, 0), "NVIDIA H100 80GB HBM3", "h100"),
+    ((9, 0), "NVIDIA H200", "h200"), ((9, 0), "NVIDIA GH200 480GB", "h100"), ((12, 0), "NVIDIA RTX PRO 6000", "sm120"),
+])
+def test_the_runtime_maps_a_gpu_through_the_same_table(monkeypatch, capability, gpu, name):
+    """dispatch.device_class of a CUDA device, with the capability and name queries answered for
+    a GPU this machine does not have."""
     monkeypatch.setattr(dispatch, "_capability", lambda index: capability)
+    monkeypatch.setattr(dispatch, "_gpu_name", lambda index: gpu)
     assert dispatch.device_class(torch.device("cuda", 0), interpret=False) == name
     assert dispatch.device_class(torch.device("cuda", 0), interpret=True) == devices.CPU_CLASS
+
+
+def test_a_gpu_models_class_inside_its_architectures():
+    """h200: the H200 by name, sm90 kernels, tuned under its own class with h100 behind it; the
+    architecture's alias stays h100, and `--device h200` refuses an H100."""
+    assert devices.own_class(9, 0, "NVIDIA H200") == "h200"
+    assert devices.own_class(9, 0, "NVIDIA H100 80GB HBM3") == devices.own_class(9, 0) == "h100"
+    assert devices.class_of_capability(9, 0) == "h100" and devices.canonical("sm90") == "h100"
+    assert devices.canonical("h200") == "h200" and devices.PROFILES["h200"].target == "sm90"
+    assert devices.lineage("h200") == ("h200", "h100") and devices.lineage("h100") == ("h100",)
+    assert devices.lineage("sm120") == ("sm120",)
+    assert "use the h100 class's" in devices.describe("h200")
+
+    def info(name):
+        return devices.DeviceInfo(name, (9, 0), "570", "12.8", "2.11", "3.6.0")
+
+    assert devices.check_profile(info("NVIDIA H200"), "h200") is None
+    assert devices.check_profile(info("NVIDIA H200"), "h100") is None  # the architecture's class
+    why = devices.check_profile(info("NVIDIA H100 80GB HBM3"), "h200")
+    assert why and "class h100" in why and "--device h200 needs an H200" in why, why

@@ -25,6 +25,7 @@ from attngen.db import schema
 from attngen.families import family as family_of
 from attngen import configs as space
 from attngen.buckets import ShapeBucket, nearest, parse_bucket
+from attngen.devices import lineage
 
 TuningDBError = schema.TuningDBError
 
@@ -64,16 +65,19 @@ def lookup(uri: str, kernel_hash: str, device_class: str, bucket: ShapeBucket) -
 
 
 def find(uri: str, kernel_hash: str, device_class: str,
-         bucket: ShapeBucket) -> tuple[dict, str, str] | None:
-    """lookup()'s config with the database it came from: (config, origin, where); origin is
-    "user", "shipped" or "ATTNGEN_DB" (env.tuning_db_layers)."""
-    rows = _load().get((uri, device_class))
+         bucket: ShapeBucket) -> tuple[dict, str, str, str] | None:
+    """lookup()'s config with the database and class it came from: (config, origin, where,
+    class); origin is "user", "shipped" or "ATTNGEN_DB" (env.tuning_db_layers). A GPU model's
+    class (devices.lineage: h200, then h100) is read before its parent's: a bucket either tuned
+    has the most specific class's winner, and the nearest tuned bucket is sought over both."""
+    table = _load()
+    rows = [(*r, cls) for cls in lineage(device_class) for r in table.get((uri, cls), ())]
     if not rows:
         return None
-    fresh: dict[ShapeBucket, tuple[dict, str, str] | None] = {}
+    fresh: dict[ShapeBucket, tuple[dict, str, str, str] | None] = {}
     stale = []
-    for b, h, family, cfg, gain, (origin, where) in rows:
-        if b in fresh:  # an earlier database (the user's) has this bucket
+    for b, h, family, cfg, gain, (origin, where), cls in rows:
+        if b in fresh:  # an earlier database (the user's) or class (the model's) has this bucket
             continue
         if h != kernel_hash:
             stale.append((h, where))
@@ -82,7 +86,8 @@ def find(uri: str, kernel_hash: str, device_class: str,
             fresh[b] = None
             continue
         try:
-            fresh[b] = (dataclasses.asdict(space.config_from_dict(family_of(family).config, cfg)), origin, where)
+            fresh[b] = (dataclasses.asdict(space.config_from_dict(family_of(family).config, cfg)), origin,
+                        where, cls)
         except (ValueError, KeyError) as exc:
             _warn_once(uri, f"attngen: ignoring the tuned {uri} config for {b.key} in "
                             f"{where}: it does not fit this attngen ({exc})")
@@ -95,8 +100,8 @@ def find(uri: str, kernel_hash: str, device_class: str,
     near = bucket if bucket in fresh else nearest(bucket, fresh)
     if near is None or fresh[near] is None:
         return None
-    cfg, origin, where = fresh[near]
-    return dict(cfg), origin, where
+    cfg, origin, where, cls = fresh[near]
+    return dict(cfg), origin, where, cls
 
 
 def reset() -> None:

@@ -5,7 +5,8 @@ unless a `forced_target(...)` scope says otherwise; the plan caches key on that 
 (`override()`), so a plan made under one target is never reused under another.
 
 Config order: a `forced_config` scope's config, then the tuning database's winner for (kernel, device class, shape bucket), else its
-nearest tuned bucket (attngen.db.winners), else the family's default table
+nearest tuned bucket (attngen.db.winners; a GPU model's class, h200, falls back to its parent's
+winners bucket by bucket), else the family's default table
 (attngen.configs). The database is read once per process, lazily.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from typing import Iterator
 
 import torch
@@ -108,14 +110,21 @@ def _capability_target(major: int, minor: int) -> str:
         raise ValueError(f"q: {exc}") from None
 
 
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def device_class(device: torch.device, interpret: bool) -> str:
     """The class tuned configs are stored under (attngen.devices.PROFILES: a100 = sm80, sm86, sm89,
-    h100 = sm90), cpu for the interpreter, or sm<cc> for a newer GPU no profile holds (the sm80
-    kernels: default configs, or what `attngen tune` stored under that class)."""
+    h100 = sm90, h200 = an H200, whose lookups fall back to h100's winners), cpu for the
+    interpreter, or sm<cc> for a newer GPU no profile holds (the sm80 kernels: default configs, or
+    what `attngen tune` stored under that class)."""
     if interpret or device.type != "cuda":
         return CPU_CLASS
-    major, minor = _capability(_index(device))
-    return own_class(major, minor) or f"sm{major}{minor}"
+    index = _index(device)
+    major, minor = _capability(index)
+    return own_class(major, minor, _gpu_name(index)) or f"sm{major}{minor}"
 
 
 def device_kind(device: torch.device, interpret: bool) -> str:

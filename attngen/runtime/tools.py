@@ -88,7 +88,8 @@ def _summary(plan, opts, layout: str) -> dict:
         from attngen.db import winners  # stdlib sqlite3 only
 
         found = winners.find(plan.spec.uri, plan.module.KERNEL_HASH, plan.device_class, plan.bucket)
-        tuned_in = f"{found[1]}: {found[2]}" if found else None
+        tuned_in = (f"{found[1]}: {found[2]}" + (f" ({found[3]} class)" if found[3] != plan.device_class else "")
+                    if found else None)
     return {
         "kernel": plan.spec.uri, "file": str(plan.module.__file__), "device_class": plan.device_class,
         "device": describe(plan.device_class),

@@ -12,6 +12,7 @@ import time
 import warnings
 
 from attngen import configs as space
+from attngen import devices
 from attngen.buckets import parse_bucket
 from attngen.db import schema
 from attngen.db import store as dbs
@@ -63,14 +64,17 @@ def unmeasured(store: dbs.Store, t: Target, kernel_id: int, bucket_id: int) -> l
 
 def warm_starts(store: dbs.Store, t: Target, dcfg, space_: dict, n: int = 2) -> list[dict]:
     """Optuna's first proposals: the default config, then the winners of the nearest buckets
-    already tuned for this kernel and device class (configs move slowly across buckets)."""
+    already tuned for this kernel and device class (configs move slowly across buckets), or for
+    the class it falls back to (an h200 study starts from h100's winner of the same bucket)."""
     fam = family_of(t.spec.family)
     starts = [dataclasses.asdict(dcfg)]
+    classes = devices.lineage(t.device_class)
     with store.session() as s:
-        others = [w for w in dbs.where_winners(s, device_class=t.device_class)
-                  if w.uri == t.spec.uri and w.template_hash == t.kernel_hash
-                  and w.bucket != t.bucket.key]
-    others.sort(key=lambda w: (t.bucket.distance(parse_bucket(w.bucket)), w.bucket))
+        others = [w for w in dbs.where_winners(s)
+                  if w.device_class in classes and w.uri == t.spec.uri and w.template_hash == t.kernel_hash
+                  and not (w.device_class == t.device_class and w.bucket == t.bucket.key)]
+    others.sort(key=lambda w: (t.bucket.distance(parse_bucket(w.bucket)), classes.index(w.device_class),
+                               w.bucket))
     for w in others:
         if len(starts) > n or w.config in starts:
             continue

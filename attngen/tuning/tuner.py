@@ -85,7 +85,7 @@ class Tuner:
             raise TuneError(str(exc)) from None
         if name == devices.AUTO:
             info = self._probe()
-            name = devices.own_class(*info.capability)
+            name = devices.own_class(*info.capability, info.gpu_name)
             if name is None:
                 raise NoDevice(f"GPU {info.index}: {devices.no_class_message(info.gpu_name, info.capability)}")
         self.opts.device = name

@@ -63,9 +63,9 @@ def test_user_winners_come_first_and_shipped_ones_serve_the_rest(installed):
     write(user, [(URI, "h1", "fwd", "h100", "q1024_k1024_bh32", dataclasses.asdict(MINE))])
     winners.reset()
     assert winners.find(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) == (
-        dataclasses.asdict(MINE), "user", str(user))
+        dataclasses.asdict(MINE), "user", str(user), "h100")
     assert winners.find(URI, "h1", "h100", parse_bucket("q8192_k8192_bh32")) == (
-        dataclasses.asdict(SHIPPED["q8192_k8192_bh32"]), "shipped", str(shipped))
+        dataclasses.asdict(SHIPPED["q8192_k8192_bh32"]), "shipped", str(shipped), "h100")
     assert winners.lookup(URI, "h1", "h100", parse_bucket("q1024_k1024_bh32")) == dataclasses.asdict(MINE)
 
 
@@ -94,8 +94,8 @@ def test_db_import_adds_to_what_ships_and_db_show_says_where_each_winner_is(inst
 
 
 def test_explain_names_the_class_and_the_database_a_tuned_config_came_from(installed, monkeypatch):
-    """On the CPU, with the device answered as an H200's (class h100, target sm90): the call's
-    config is the user's winner, and explain() says so."""
+    """On the CPU, with the device answered as an H200's (class h200, target sm90): the call's
+    config is the user's h100 winner (the class h200 falls back to), and explain() says so."""
     import torch
 
     import attngen
@@ -110,7 +110,7 @@ def test_explain_names_the_class_and_the_database_a_tuned_config_came_from(insta
     write(user, [(spec.uri, loader.load(spec).KERNEL_HASH, "fwd", "h100", bucket_of(40, 40, 4).key,
                   dataclasses.asdict(tuned))])
     monkeypatch.setattr(dispatch, "device_target", lambda device: "sm90")
-    monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h100")
+    monkeypatch.setattr(dispatch, "device_class", lambda device, interpret: "h200")
     api.clear_plans()
     try:
         q = torch.zeros(1, 4, 40, 128, dtype=torch.float16)
@@ -118,7 +118,7 @@ def test_explain_names_the_class_and_the_database_a_tuned_config_came_from(insta
         info = attngen.explain(q, k, k, causal=True)
     finally:
         api.clear_plans()
-    assert (info["kernel"], info["config_source"], info["device_class"]) == (spec.uri, "tuned", "h100")
-    assert info["device"].startswith("h100 (sm90: H100, H200")
-    assert info["tuned_in"] == f"user: {user}"
+    assert (info["kernel"], info["config_source"], info["device_class"]) == (spec.uri, "tuned", "h200")
+    assert info["device"].startswith("h200 (H200): the sm90 kernels")
+    assert info["tuned_in"] == f"user: {user} (h100 class)"
     assert info["config"]["block_m"] == 32

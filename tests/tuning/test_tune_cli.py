@@ -205,10 +205,10 @@ def test_gpu_outside_the_profile_stops_before_any_work(tmp_path, capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().err and not db.exists()
 
 
-@pytest.mark.parametrize("device", ["auto", "sm90"])
-def test_auto_and_the_architecture_name_tune_the_gpus_class(tmp_path, small_space, device, capsys):
-    """`--device auto` (the default) and `--device sm90` store winners under the class the shipped
-    database and the runtime use for an H200: h100."""
+@pytest.mark.parametrize("device, cls", [("auto", "h200"), ("sm90", "h100")])
+def test_auto_and_the_architecture_name_tune_the_gpus_class(tmp_path, small_space, device, cls, capsys):
+    """`--device auto` (the default) stores winners under the GPU's own class, the one the runtime
+    reads first for it (an H200: h200, then h100); `--device sm90` under the architecture's."""
     db = tmp_path / "t.sqlite"
     argv = tune_argv(db, trials=2)
     if device == "auto":
@@ -218,7 +218,7 @@ def test_auto_and_the_architecture_name_tune_the_gpus_class(tmp_path, small_spac
     assert cli(argv) == 0, capsys.readouterr().err
     with dbs.Store(str(db), "read") as st, st.session() as s:
         (w,) = dbs.where_winners(s)
-    assert (w.device_class, w.gpu_name) == ("h100", "NVIDIA H200 (fake)")
+    assert (w.device_class, w.gpu_name) == (cls, "NVIDIA H200 (fake)")
 
 
 def test_auto_on_an_ada_gpu_tunes_the_sm80_kernels_under_sm89(tmp_path, capsys):
@@ -268,7 +268,7 @@ def test_auto_on_a_gpu_no_profile_holds_tunes_the_sm80_kernels_under_its_own_cla
     argv[argv.index(URI)] = uri
     assert cli(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("attngen tune: GPU 0 is NVIDIA H200 (fake) (sm90, class h100); --device sm100 needs sm100"), err
+    assert err.startswith("attngen tune: GPU 0 is NVIDIA H200 (fake) (sm90, class h200); --device sm100 needs sm100"), err
 
 
 def test_a_gpu_older_than_sm80_is_exit_1_and_says_why(tmp_path, capsys):

@@ -84,6 +84,29 @@ def test_a_winner_within_noise_of_the_default_leaves_the_default(db):
         CFG["q8192_k8192_bh32"])
 
 
+def test_a_gpu_models_class_falls_back_to_its_parents_winners_bucket_by_bucket(db):
+    """An H200 (class h200) is served its own winners where it has them and h100's elsewhere,
+    the nearest bucket sought over both; an H100 never sees h200's; h200's winner within noise of
+    the default leaves that bucket to the default table, not to h100's winner."""
+    h200 = {"q8192_k8192_bh32": FwdConfig(128, 128, 8, 2), "q4096_k4096_bh32": FwdConfig(64, 128, 4, 2)}
+    write(db, [(URI, "h1", "fwd", "h100", k, dataclasses.asdict(c)) for k, c in CFG.items()]
+          + [(URI, "h1", "fwd", "h200", k, dataclasses.asdict(c)) for k, c in h200.items()],
+          default_ms={"q1024_k1024_bh32": 2.0, "q8192_k8192_bh32": 2.0,
+                      "q4096_k4096_bh32": 1.0 + winners.MIN_GAIN / 2})
+    at = parse_bucket
+    assert winners.find(URI, "h1", "h200", at("q8192_k8192_bh32"))[::3] == (
+        dataclasses.asdict(h200["q8192_k8192_bh32"]), "h200")
+    assert winners.find(URI, "h1", "h200", at("q1024_k1024_bh32"))[::3] == (
+        dataclasses.asdict(CFG["q1024_k1024_bh32"]), "h100")
+    assert winners.lookup(URI, "h1", "h200", bucket_of(16384, 16384, 64)) == dataclasses.asdict(
+        h200["q8192_k8192_bh32"])
+    assert winners.lookup(URI, "h1", "h200", at("q4096_k4096_bh32")) is None  # within noise
+    assert winners.lookup(URI, "h1", "h100", at("q8192_k8192_bh32")) == dataclasses.asdict(
+        CFG["q8192_k8192_bh32"])
+    assert winners.lookup(URI, "h1", "h100", at("q4096_k4096_bh32")) == dataclasses.asdict(
+        CFG["q8192_k8192_bh32"])  # h100's nearest: 8k; h200's rows are not h100's
+
+
 def test_no_database_means_defaults(db):
     assert not db.exists()
     assert winners.lookup(URI, "h1", "h100", bucket_of(1024, 1024, 32)) is None
