@@ -25,8 +25,10 @@
 #                                                 # bench on the shipped database
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
-#   benchmarks/tools/gpu_pending.sh tune-b1-splits  # ~300 s: the GQA B1 decode buckets with 16 splits in
-#                                                 # the space, then the decode bench on that database
+#   benchmarks/tools/gpu_pending.sh tune-decode-h200  # ~500 s: the 11 decode buckets tuned under the
+#                                                 # H200's own class (h200; merge and 16 splits in the
+#                                                 # space) into a copy of the shipped database, then the
+#                                                 # decode bench on the shipped one and on that copy
 #   benchmarks/tools/gpu_pending.sh ima-concurrent  # ~120 s: the same case in four processes at once, 3
 #                                                 # rounds (an 80 GiB card runs out of memory: ima-sweep)
 #   benchmarks/tools/gpu_pending.sh sanitize      # 300+ s (cold compiles under memcheck): the grid's forced paths (a sample)
@@ -179,17 +181,28 @@ for step in "$@"; do
     bench-docs)
       python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
         --out "$OUT/bench_docs.json" 2>&1 | tail -n 20 | tee "$OUT/bench_docs.log"; rc=${PIPESTATUS[0]} ;;
-    tune-b1-splits)
-      # the GQA 32/8 hd128 B1 buckets with 16 splits in the space (session 60), into a copy of the
-      # shipped database ($TUNE_DB, default $OUT/attngen.sqlite), then the decode bench reading
-      # it; needs optuna / SQLAlchemy (their wheels, as gpu_tune.sh)
+    tune-decode-h200)
+      # every bucket the shipped database has a decode winner for, tuned under the H200's own class
+      # (tune --device auto there: h200) into a copy of it ($TUNE_DB, default $OUT/attngen.sqlite);
+      # each study starts from the h100 winner of its bucket (study.warm_starts). Then the decode
+      # bench on the shipped database (the H100-measured winners serve) and on the copy (h200's
+      # winners first), one after the other on this GPU. Needs optuna / SQLAlchemy (their wheels)
       DB="${TUNE_DB:-$OUT/attngen.sqlite}"
       [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
-      timeout 200 python3 -m attngen.cli tune --device auto --family decode \
-        --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --shapes q1_k131072_bh32,q1_k32768_bh32 \
-        --trials 16 --storage "$DB" 2>&1 | tee "$OUT/tune_b1_splits.log"; rc=${PIPESTATUS[0]}
-      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_tuned.json" \
-        > "$OUT/bench_decode_tuned.log" 2>&1 || rc=1 ;;
+      rc=0
+      T="python3 -m attngen.cli tune --device auto --family decode --storage $DB --timeout"
+      $T 200 --spec specs/llama.yaml --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --trials 20 \
+        --shapes q1_k4096_bh32,q1_k32768_bh32,q1_k131072_bh32,q1_k32768_bh256,q1_k16384_bh512,q1_k8192_bh1024,q1_k4096_bh2048,q1_k16384_bh2048 \
+        2>&1 | tee "$OUT/tune_decode_h200.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      $T 80 --spec specs/llama2.yaml --kernels 'attn_decode_bf16_hd128_gqa1_causal_sm90' --trials 20 \
+        --shapes q1_k32768_bh32,q1_k8192_bh256 2>&1 | tee -a "$OUT/tune_decode_h200.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      $T 40 --spec specs/llama3_2_1b.yaml --kernels 'attn_decode_bf16_hd64_gqa4_causal_sm90' --trials 16 \
+        --shapes q1_k32768_bh256 2>&1 | tee -a "$OUT/tune_decode_h200.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m attngen.cli db show --storage "$DB" > "$OUT/db_show_h200.txt" 2>&1
+      python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_shipped.json" \
+        > "$OUT/bench_decode_shipped.log" 2>&1 || rc=1
+      ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_h200.json" \
+        > "$OUT/bench_decode_h200.log" 2>&1 || rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -221,7 +234,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-b1-splits | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
