@@ -95,3 +95,16 @@ def test_an_installed_attngen_tunes_the_specs_its_wheel_carries(fake_root):
     assert tool["package-data"]["attngen._specs"] == ["*.yaml"]
     with pytest.raises(TuneError, match="_specs"):  # no wheel was built here: the error names the path
         plan(TuneOptions(device="h100"))
+
+
+@pytest.mark.parametrize("value, want", [(None, False), ("1", True), ("0", False), ("true", False), ("", False)])
+def test_check_kvcache_follows_os_environ_as_it_changes(monkeypatch, value, want):
+    """The decode fast path reads ATTNGEN_CHECK_KVCACHE through os.environ's own mapping: a value
+    set or removed while the process runs is what the next call sees."""
+    monkeypatch.setenv("ATTNGEN_CHECK_KVCACHE", "1")
+    assert env.check_kvcache() is True
+    if value is None:
+        monkeypatch.delenv("ATTNGEN_CHECK_KVCACHE")
+    else:
+        monkeypatch.setenv("ATTNGEN_CHECK_KVCACHE", value)
+    assert env.check_kvcache() is want
