@@ -283,10 +283,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
             and not torch.compiler.is_compiling():
         try:  # the fast path: a warm call is this lookup, the metadata check where it runs, the launches
             check = env.check_kvcache() if validate is None else bool(validate)
-            key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens), _meta(k), _meta(v),
-                   _meta(block_table), _meta(k_descale), _meta(v_descale), _meta(cache_batch_idx),
-                   _meta(cache_leftpad), _meta(rotary_cos), _meta(rotary_sin), rotary_interleaved, causal,
-                   type(causal), window_size, softcap, scale, num_splits, type(num_splits), check, dispatch.override())
+            # the optional tensors' part is None when none is given (a plain decode step: nine
+            # `is None` tests instead of nine _meta calls in the key)
+            more = (k, v, block_table, k_descale, v_descale, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin)
+            key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens),
+                   None if k is None and v is None and block_table is None and k_descale is None
+                   and v_descale is None and cache_batch_idx is None and cache_leftpad is None
+                   and rotary_cos is None and rotary_sin is None else tuple(map(_meta, more)),
+                   rotary_interleaved, causal, type(causal), window_size, softcap, scale, num_splits,
+                   type(num_splits), check, dispatch.override())
             hit = kvcache._FAST.get(key)
         except (AttributeError, TypeError):  # not tensors, unhashable options: the full path says
             key = hit = None
