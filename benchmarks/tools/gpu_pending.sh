@@ -23,6 +23,10 @@
 #                                                 # per bench row (decode_merge_ab.py)
 #   benchmarks/tools/gpu_pending.sh decode-bench  # ~120 s: host µs a call (decode_host_ab.py), the decode
 #                                                 # bench on the shipped database
+#   benchmarks/tools/gpu_pending.sh ab-hd64       # ~150 s: the Gluon dK/dV pass with 128 query rows per
+#                                                 # ring slot at hd64 (benchmarks/patches/
+#                                                 # bwd_hd64_block_m128.diff applied for the step only)
+#                                                 # beside the default, gradients checked, 3 rounds
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh tune-decode-h200  # ~500 s: the 11 decode buckets tuned under the
@@ -203,6 +207,17 @@ for step in "$@"; do
         > "$OUT/bench_decode_shipped.log" 2>&1 || rc=1
       ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_h200.json" \
         > "$OUT/bench_decode_h200.log" 2>&1 || rc=1 ;;
+    ab-hd64)
+      # session 62's candidate for the hd64 backward (docs/notes.md): check_ws_bwd lets the Gluon
+      # dK/dV pass take 128 query rows per ring slot at head dim 64 for this step only (m64n128
+      # wgmmas for S^T and dP^T; on the CPU 850 loop instructions for twice the 64-row loop's work,
+      # an 8-byte spill). bwd_ab.py checks each variant's gradients before timing it
+      P=benchmarks/patches/bwd_hd64_block_m128.diff
+      git apply "$P" 2>/dev/null || patch -p1 < "$P"
+      python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_hd64.json" --cases 3 --rounds 3 --kernel-times \
+        --config 128,128,4,2,128,64,8,3,consumers=2 --config 128,128,4,2,128,64,4,3,consumers=2,dq_consumers=2 \
+        --config 64,128,4,2,128,64,4,3,consumers=2,dq_consumers=2 2>&1 | tee "$OUT/ab_bwd_hd64.log"; rc=${PIPESTATUS[0]}
+      git apply -R "$P" 2>/dev/null || patch -R -p1 < "$P" ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -234,7 +249,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | ab-hd64 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
