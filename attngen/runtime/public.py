@@ -285,11 +285,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, *, k=None, v
             check = env.check_kvcache() if validate is None else bool(validate)
             # the optional tensors' part is None when none is given (a plain decode step: nine
             # `is None` tests instead of nine _meta calls in the key)
-            more = (k, v, block_table, k_descale, v_descale, cache_batch_idx, cache_leftpad, rotary_cos, rotary_sin)
             key = (_meta(q), _meta(k_cache), _meta(v_cache), _meta(cache_seqlens),
                    None if k is None and v is None and block_table is None and k_descale is None
                    and v_descale is None and cache_batch_idx is None and cache_leftpad is None
-                   and rotary_cos is None and rotary_sin is None else tuple(map(_meta, more)),
+                   and rotary_cos is None and rotary_sin is None else
+                   tuple(map(_meta, (k, v, block_table, k_descale, v_descale, cache_batch_idx, cache_leftpad,
+                                     rotary_cos, rotary_sin))),
                    rotary_interleaved, causal, type(causal), window_size, softcap, scale, num_splits,
                    type(num_splits), check, dispatch.override())
             hit = kvcache._FAST.get(key)

@@ -217,7 +217,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                           f"stale: tuned on another version of the kernel (its generated module's "
                           f"hash now differs), ignored by the runtime; re-tune; overlaid: a winner of "
                           f"the user's database serves this bucket instead; measured on: the GPU "
-                          f"of the winning trial (one class serves every GPU of its architecture)")
+                          f"of the winning trial (an h100 winner also serves an H200 where h200 has none)")
     for col, just in (("kernel", "left"), ("device", "left"), ("bucket", "left"), ("config", "left"),
                       ("speed", "right"), ("default", "right"), ("gain", "right"), ("kernel hash", "left"),
                       ("measured on", "left"), ("from", "left")):
