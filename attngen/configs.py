@@ -12,7 +12,7 @@ from attngen.families.base import (KERNEL_KNOBS, SMEM_LIMIT, WS_MAXNREG, Invalid
                                    config_from_dict, next_pow2, require_valid)
 from attngen.families import base as _base
 from attngen.families.bwd import (SHORT_WINDOW, WS_BWD_CONSUMER_REGS, WS_BWD_DEFAULT,  # noqa: F401
-                                  WS_BWD_DEFAULT_HD64, WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_ROLES_DQ,
+                                  WS_BWD_DEFAULT_HD64, WS_BWD_DKDV_M64, WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_ROLES_DQ,
                                   WS_BWD_TWO_TILE_DEFAULT, BwdConfig,
                                   bwd_smem_bytes, bwd_triton_fallback, check_bwd, check_ws_bwd,
                                   default_bwd_config, pointer_bwd_config, ws_backward)

@@ -163,6 +163,15 @@ def check_kvcache() -> bool:
     return os.environ.get("ATTNGEN_CHECK_KVCACHE", "0") == "1"
 
 
+def kernel_descriptors() -> bool:
+    """ATTNGEN_KERNEL_DESCRIPTORS=0: no kernel that makes TMA descriptors in the kernel (the Gluon
+    backward over packed documents, the paged prefill's copy-engine K / V); their calls take the
+    Triton passes and the pointer gather instead (runtime.dispatch.select_config). Those kernels
+    faulted with several processes sharing one GPU (docs/runtime.md, "Processes sharing a GPU").
+    Read when a plan is made: set it before the first call."""
+    return os.environ.get("ATTNGEN_KERNEL_DESCRIPTORS", "1") != "0"
+
+
 def interpreting() -> bool:
     """TRITON_INTERPRET=1: every kernel runs through Triton's interpreter (on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"

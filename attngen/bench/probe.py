@@ -147,6 +147,9 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     ptx = ck.asm["ptx"]
     rep = {"kernel": launch.fn.__name__, "num_warps": launch.num_warps, "num_stages": launch.num_stages,
            "shared_bytes": ck.metadata.shared, **ptxas_report(ptx, tmp)}
+    # the global scratch each program gets (Triton's launcher allocates grid x this; kernel-made
+    # descriptors live there)
+    rep["global_scratch_bytes"] = int(getattr(ck.metadata, "global_scratch_size", 0) or 0)
     wgmma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.\S+\s+\{[^}]*\},\s*(\{|%rd)", ptx)
     rep["wgmma"] = sorted({f"{shape} A from {'registers' if a == '{' else 'shared'}" for shape, a in wgmma})
     # the operand types of each wgmma ("f32.bf16.bf16", "f32.e4m3.e4m3", ...)

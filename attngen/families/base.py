@@ -45,6 +45,9 @@ class Family:
     hooks: str = ""
     # (KernelSpec) -> {name: value}: what the family's template reads beyond the common context
     context: Callable | None = None
+    # (config, spec) -> the config whose kernels make no TMA descriptor in the kernel, for a call
+    # run with ATTNGEN_KERNEL_DESCRIPTORS=0 (env.kernel_descriptors); None: the family makes none
+    host_descriptors: Callable | None = None
 
     def launches(self) -> Callable:
         return _resolve(self.launcher)

@@ -13,8 +13,8 @@ import triton
 from attngen.families.base import WS_MAXNREG, Family, require_valid
 from attngen.families.bwd_config import (  # noqa: F401 (the family's names, here as before)
     SHORT_WINDOW, SPACE, TARGET_SPACES, WS_BWD_CONSUMER_REGS, WS_BWD_DEFAULT, WS_BWD_DEFAULT_HD64,
-    WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_ROLES_DQ, WS_BWD_TWO_TILE_DEFAULT, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
-    bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach,
+    WS_BWD_DKDV_M64, WS_BWD_HEAD_DIMS, WS_BWD_ROLES, WS_BWD_ROLES_DQ, WS_BWD_TWO_TILE_DEFAULT, WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, BwdConfig, bwd_smem_bytes,
+    bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach, host_descriptor_bwd,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs
 from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
@@ -225,4 +225,4 @@ FAMILY = Family(
     ("_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq", "_attn_bwd_dkdv_tma", "_attn_bwd_dq_tma",
      "_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws"), "attngen.families.bwd:bwd_launches", 2.5, ("dq", "dk", "dv"),
     space=SPACE, target_spaces=TARGET_SPACES, portable=lambda cfg, spec: pointer_bwd_config(cfg),
-    variants=variants, hooks="attngen.families.bwd_tuning:TuningHooks")
+    variants=variants, hooks="attngen.families.bwd_tuning:TuningHooks", host_descriptors=host_descriptor_bwd)

@@ -137,8 +137,9 @@ def check_ws_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
             return "roles: both consumers own the program's 64 keys (block_n = 64, num_warps = 4)"
         if not cfg.roles and (cfg.block_n != 64 * cfg.consumers or cfg.num_warps != 4):
             return "consumers: each consumer is one warp group of 64 keys (block_n = 64 x consumers, num_warps = 4)"
-        if cfg.block_m != 64:
-            return "consumers: block_m (the query rows of one ring slot) is 64"
+        if cfg.block_m != 64 and not (cfg.block_m == 128 and max(spec.head_dim_qk, spec.head_dim_v) <= 64):
+            return ("consumers: block_m (the query rows of one ring slot) is 64, or 128 up to head dim 64 "
+                    "(wider tiles spill)")
     if cfg.dq_consumers and not ws_dq_takes(spec):
         return ("dq_consumers: the Gluon dQ pass sums no gradients of learnable parameters or sinks "
                 "(the Triton dQ pass does)")
@@ -173,6 +174,17 @@ def bwd_triton_fallback(cfg: BwdConfig, dkdv: bool = True, dq: bool = True) -> B
     if dq and cfg.dq_consumers:
         cfg = dataclasses.replace(cfg, dq_consumers=0, dq_block_m=128, dq_num_warps=8)
     return cfg
+
+
+def host_descriptor_bwd(cfg: BwdConfig, spec: KernelSpec) -> BwdConfig:
+    """The config for a call run with ATTNGEN_KERNEL_DESCRIPTORS=0: packed documents leave the
+    Gluon passes (the only backward kernels of a default config that make TMA descriptors in the
+    kernel, one per document) for the Triton passes and their default tiles; dense calls keep
+    theirs (host descriptors only)."""
+    if not spec.varlen or not (cfg.consumers or cfg.dq_consumers):
+        return cfg
+    fb = bwd_triton_fallback(cfg)
+    return fb if fb.split_dkdv or fb.block_m <= 64 else dataclasses.replace(fb, block_m=64)
 
 
 def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:
@@ -235,7 +247,14 @@ TARGET_SPACES: dict[str, dict[str, tuple]] = {
 # full 412 -> 463 -> 473, GQA 32/8 causal S8192 362 -> 395 -> 431, window 1024 GQA 263 -> 341 ->
 # 386; hd64 causal 328 -> 368 with the Gluon dK/dV pass, 353 with both (its dQ pass stays Triton's)
 WS_BWD_DEFAULT = BwdConfig(64, 128, 4, 2, 128, 64, 4, 3, tma=True, consumers=2, dq_consumers=2)
-WS_BWD_DEFAULT_HD64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2)
+# hd64: the Gluon dK/dV pass with 128 query rows per ring slot (m64n128 wgmmas for S^T and dP^T,
+# half the ring turns of 64-row slots). H100, backward only, causal B4 H32 S4096 hd64, three rounds
+# in one process beside the 64-row form (benchmarks/ab/h100_ab_bwd_hd64_m128_2026-12-07.json):
+# 2.01 -> 1.89 ms (342 -> 364 TFLOP/s), the dK/dV kernel 1175 -> 1040 us; 168 registers, a 2-byte
+# spill. The Gluon dQ pass beside it loses (768 vs 681 us for the Triton TMA dQ pass)
+WS_BWD_DEFAULT_HD64 = BwdConfig(128, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2)
+# the 64-row form it replaced (the GPU grid's bwd:gluon-dkdv path, which hd128 takes too)
+WS_BWD_DKDV_M64 = BwdConfig(64, 128, 4, 2, 128, 64, 8, 3, tma=True, consumers=2)
 # hd256: the Gluon dK/dV pass with split roles (64 keys per program, one consumer computing P^T and
 # dV, the other dP^T, dS^T and dK) and the Triton TMA dQ pass: causal B2 H16 S4096 377 vs 247
 # TFLOP/s backward-only for the split Triton dK / dV launches; on hd128 roles lose to the default

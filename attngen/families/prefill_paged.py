@@ -193,4 +193,7 @@ FAMILY = Family(
     default_prefill_paged_config, ("_attn_prefill_paged",),
     "attngen.families.prefill_paged:prefill_paged_launches", 1.0, ("out", "lse"),
     space=SPACE, portable=lambda cfg, spec: cfg, variants=variants,
-    hooks="attngen.families.prefill_paged_tuning:TuningHooks", context=context)
+    hooks="attngen.families.prefill_paged_tuning:TuningHooks", context=context,
+    # ATTNGEN_KERNEL_DESCRIPTORS=0: the pointer gather (K / V through the copy engine makes the
+    # descriptors in the kernel)
+    host_descriptors=lambda cfg, spec: dataclasses.replace(cfg, tma=False) if cfg.tma else cfg)

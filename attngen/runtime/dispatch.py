@@ -19,6 +19,7 @@ from typing import Iterator
 
 import torch
 
+from attngen import env
 from attngen.families import family
 from attngen.spec import TARGETS, KernelSpec
 from attngen.buckets import ShapeBucket
@@ -142,6 +143,7 @@ def select_config(spec: KernelSpec, kernel_hash: str, dev_class: str, bucket: Sh
         if why is not None:
             raise ValueError(f"forced_config({spec.family}=...): {forced} cannot launch {spec.uri}: {why}")
         return forced, "forced"
+    host_only = fam.host_descriptors is not None and not env.kernel_descriptors()
     if dev_class != CPU_CLASS:
         from attngen.db import winners  # stdlib sqlite3 only; read once per process
 
@@ -150,6 +152,7 @@ def select_config(spec: KernelSpec, kernel_hash: str, dev_class: str, bucket: Sh
             names = {f.name for f in dataclasses.fields(fam.config)}
             cfg = fam.config(**{k: v for k, v in row.items() if k in names})
             if fam.check(spec, cfg) is None:
-                return cfg, "tuned"
+                return (fam.host_descriptors(cfg, spec), "tuned") if host_only else (cfg, "tuned")
     kind = "cpu" if dev_class == CPU_CLASS else "cuda"
-    return fam.default(spec, kind, bucket.seqlen_q, window), "default"
+    cfg = fam.default(spec, kind, bucket.seqlen_q, window)
+    return (fam.host_descriptors(cfg, spec) if host_only else cfg), "default"

@@ -11,9 +11,12 @@
 #                                                 # 16 GiB, then three processes at once, twice
 #   benchmarks/tools/gpu_pending.sh pack          # ~60 s: the shipped pack rebuilt into $OUT and into this
 #                                                 # copy's attngen/packs, then tests/gpu/test_gpu_packs.py
-#   benchmarks/tools/gpu_pending.sh ima-ab        # ~300 s: ima_repro.py in three processes at once, rounds
-#                                                 # alternating the built form (ws_doc_desc=producer) and
-#                                                 # the old one (--switch ws_doc_desc=shared)
+#   benchmarks/tools/gpu_pending.sh ima-desc      # ~200 s: three processes at once, rounds of the packed
+#                                                 # case through the Gluon backward (the fault's kernel,
+#                                                 # session 63), through the Triton TMA backward making its
+#                                                 # descriptors in the kernel (doc_guard=desc), and dense;
+#                                                 # then docs8-causal-8k fwd+bwd with and without
+#                                                 # ATTNGEN_KERNEL_DESCRIPTORS=0
 #   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
 #                                                 # the packed-document suites, the document edge cases
 #   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
@@ -23,10 +26,10 @@
 #                                                 # per bench row (decode_merge_ab.py)
 #   benchmarks/tools/gpu_pending.sh decode-bench  # ~120 s: host µs a call (decode_host_ab.py), the decode
 #                                                 # bench on the shipped database
-#   benchmarks/tools/gpu_pending.sh ab-hd64       # ~150 s: the Gluon dK/dV pass with 128 query rows per
-#                                                 # ring slot at hd64 (benchmarks/patches/
-#                                                 # bwd_hd64_block_m128.diff applied for the step only)
-#                                                 # beside the default, gradients checked, 3 rounds
+#   benchmarks/tools/gpu_pending.sh hd64-m128     # ~200 s: hd64's backward default (the Gluon dK/dV pass
+#                                                 # with 128-query ring slots): the grid's sweep of it and
+#                                                 # the dK/dV paths, the backward and expression suites,
+#                                                 # then fwd+bwd causal-hd64-4k beside cuDNN and Flex
 #   benchmarks/tools/gpu_pending.sh ima-bisect    # ~300 s: ima_repro.py in three processes at once, five
 #                                                 # forced path pairs, launches blocking and traced
 #   benchmarks/tools/gpu_pending.sh tune-decode-h200  # ~500 s: the 11 decode buckets tuned under the
@@ -68,7 +71,7 @@ repro3() {  # benchmarks/tools/ima_repro.py in three processes at once with the 
   local label=$1 name=$2 w p pids=()
   shift 2
   for w in 1 2 3; do
-    python3 benchmarks/tools/ima_repro.py "$@" > "$OUT/repro3_$w.log" 2>&1 &
+    timeout 90 python3 benchmarks/tools/ima_repro.py "$@" > "$OUT/repro3_$w.log" 2>&1 &  # a hang ends here
     pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p"; done
@@ -152,17 +155,23 @@ for step in "$@"; do
         python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py \
           2>&1 | tee -a "$OUT/pack.log"; rc=${PIPESTATUS[0]}
       fi ;;
-    ima-ab)
-      # the 20,000-document case in three processes at once (the setting that faulted in session
-      # 60), rounds alternating the built Gluon backward (its producer warp makes and fences its
-      # own per-document descriptors) and the old form (only the entry's, fenced by one consumer
-      # warp: --switch ws_doc_desc=shared). One line per process in ima_ab.txt
+    ima-desc)
+      # session 63 named the fault's kernel: the Gluon dK/dV pass over packed documents, the one
+      # default kernel of the call that makes TMA descriptors in the kernel. Is it the in-kernel
+      # descriptors (then the Triton TMA backward with doc_guard=desc faults too) or the Gluon
+      # pass itself (then only it does)? The dense call (host descriptors) is the control
       rc=0
       for round in 1 2 3; do
-        repro3 "producer round $round" ima_ab --iters 2 --trace
-        repro3 "shared round $round" ima_ab --iters 2 --trace --switch ws_doc_desc=shared
+        repro3 "tma-desc round $round" ima_desc --bwd tma --switch doc_guard=desc --iters 2 --blocking --trace
+        [ "$round" -le 2 ] && repro3 "gluon round $round" ima_desc --iters 2 --blocking --trace
+        [ "$round" -le 1 ] && repro3 "dense round $round" ima_desc --dense --iters 4 --blocking --trace
       done
-      grep "^producer" "$OUT/ima_ab.txt" | grep -q "RESULT error" && rc=1 ;;
+      grep -q "RESULT error" "$OUT/ima_desc.txt" && rc=1
+      # what ATTNGEN_KERNEL_DESCRIPTORS=0 (the Triton passes for packed documents) costs
+      for kd in 1 0; do
+        ATTNGEN_KERNEL_DESCRIPTORS=$kd python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k \
+          --providers attngen,flex --out "$OUT/bench_docs_kd$kd.json" 2>&1 | tail -n 8 | tee -a "$OUT/bench_docs_kd.log"
+      done ;;
     docs-tests)
       # the kernels the fix changes: the Gluon backward over packed documents, forced (every packed
       # bwd:gluon case of the grid, full product included) and by default (the varlen suites'
@@ -207,17 +216,13 @@ for step in "$@"; do
         > "$OUT/bench_decode_shipped.log" 2>&1 || rc=1
       ATTNGEN_DB="$DB" python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode_h200.json" \
         > "$OUT/bench_decode_h200.log" 2>&1 || rc=1 ;;
-    ab-hd64)
-      # session 62's candidate for the hd64 backward (docs/notes.md): check_ws_bwd lets the Gluon
-      # dK/dV pass take 128 query rows per ring slot at head dim 64 for this step only (m64n128
-      # wgmmas for S^T and dP^T; on the CPU 850 loop instructions for twice the 64-row loop's work,
-      # an 8-byte spill). bwd_ab.py checks each variant's gradients before timing it
-      P=benchmarks/patches/bwd_hd64_block_m128.diff
-      git apply "$P" 2>/dev/null || patch -p1 < "$P"
-      python3 benchmarks/tools/bwd_ab.py --out "$OUT/ab_bwd_hd64.json" --cases 3 --rounds 3 --kernel-times \
-        --config 128,128,4,2,128,64,8,3,consumers=2 --config 128,128,4,2,128,64,4,3,consumers=2,dq_consumers=2 \
-        --config 64,128,4,2,128,64,4,3,consumers=2,dq_consumers=2 2>&1 | tee "$OUT/ab_bwd_hd64.log"; rc=${PIPESTATUS[0]}
-      git apply -R "$P" 2>/dev/null || patch -R -p1 < "$P" ;;
+    hd64-m128)
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "sweep or gluon-dkdv" \
+        2>&1 | tail -n 40 | tee "$OUT/hd64_m128_tests.log"; rc=${PIPESTATUS[0]}
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_bwd.py tests/gpu/test_gpu_expr.py \
+        2>&1 | tail -n 40 | tee -a "$OUT/hd64_m128_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd64-4k --providers attngen,cudnn,flex \
+        --out "$OUT/bench_hd64.json" 2>&1 | tail -n 20 | tee "$OUT/bench_hd64.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     ima-concurrent)
       # the case in four processes at once, three rounds: the two failures so far came with eight
       # test processes time-slicing the GPU, none with the case alone
@@ -249,7 +254,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-ab | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | ab-hd64 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

@@ -571,7 +571,7 @@ def test_warp_specialized_backward_is_generated_where_it_exists():
 
 
 @pytest.mark.parametrize("d, cfg_name, widths, dq_pass", [(96, "WS_BWD_DEFAULT", (64, 32), "_attn_bwd_dq_ws"),
-                                                           (80, "WS_BWD_DEFAULT_HD64", (64, 16), "_attn_bwd_dq_tma"),
+                                                           (80, "WS_BWD_DKDV_M64", (64, 16), "_attn_bwd_dq_tma"),
                                                            (192, "WS_BWD_ROLES", (128, 64), "_attn_bwd_dq_tma"),
                                                            (192, "WS_BWD_ROLES_DQ", (128, 64), "_attn_bwd_dq_ws")])
 def test_two_tile_backward_takes_one_descriptor_per_column_tile(d, cfg_name, widths, dq_pass):

@@ -9,6 +9,7 @@ Two parts:
 * FORCED: one representative head dim per class (one power-of-two tile, one padded tile, two
   column tiles full or with masked columns, the Gluon head dims) x every path of PATHS, run under
   dispatch.forced_config, each checked to have launched the kernels its path names.
+* SWEEPS: a path a default newly takes, over every mask, layout and head layout it accepts.
 Each case checks the output (flash-attn rule: error <= 2x PyTorch's in the same precision), the
 LSE and the gradients (3x), on fresh random inputs with the output memory poisoned first. With
 ATTNGEN_GRID_RESULTS=path.json the run writes one record per case (tests/gpu/conftest.py); its
@@ -118,7 +119,9 @@ BWD_PATHS = [
     # both Gluon passes take the two-tile head dims (80, 96: bwd:gluon, their default since
     # session 56; 192: bwd:gluon-roles-dq, its default since session 58) as the one-tile ones (64, 128)
     Path("bwd:gluon", "bwd", (space.WS_BWD_DEFAULT,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_ws")),
-    Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
+    Path("bwd:gluon-dkdv", "bwd", (space.WS_BWD_DKDV_M64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
+    # 128 query rows per ring slot: head dims up to 64 only (hd64's default since session 63)
+    Path("bwd:gluon-dkdv-m128", "bwd", (space.WS_BWD_DEFAULT_HD64,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     Path("bwd:gluon-roles", "bwd", (space.WS_BWD_ROLES,), ("_attn_bwd_dkdv_ws", "_attn_bwd_dq_tma")),
     # split roles beside the Gluon dQ pass (hd192: Q and dO read from shared memory; up to hd128 in registers)
     Path("bwd:gluon-roles-dq", "bwd", (space.WS_BWD_ROLES_DQ,),
@@ -269,9 +272,26 @@ def forced_cases(head_dims) -> list[Case]:
     return out
 
 
+def sweep_cases(path: str, hd: int, n: int) -> list[Case]:
+    """`n` cases of one forced path at one head dim, every mask, layout and head layout the path
+    takes (those it refuses are skipped), seqlens drawn from SEQLENS: a path the default newly
+    takes gets more than FORCED's one case per head-dim class."""
+    rng = random.Random(SEED + 2)
+    out, combos = [], list(itertools.product(("full", "causal", "window", "causal-softcap"),
+                                             ("bhsd", "bshd", "packed"), HEADS))
+    rng.shuffle(combos)
+    for mask, layout, heads in combos:
+        c = dataclasses.replace(_draw(rng, hd, path), mask=mask, layout=layout, heads=heads)
+        if pick(PATHS_BY_NAME[path], c) is not None and len(out) < n:
+            out.append(c)
+    return out
+
+
 DEFAULT = default_cases()
 FORCED = forced_cases(CLASSES)
 FULL = forced_cases(HEAD_DIMS)
+# hd64's backward default since session 63: the Gluon dK/dV pass with 128 query rows per ring slot
+SWEEPS = sweep_cases("bwd:gluon-dkdv-m128", 64, 24)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -410,6 +430,11 @@ def test_default_dispatch(case, grid_records):
 
 @pytest.mark.parametrize("case", FORCED, ids=lambda c: c.id)
 def test_forced_path(case, grid_records):
+    run_isolated(case, grid_records)
+
+
+@pytest.mark.parametrize("case", SWEEPS, ids=lambda c: c.id)
+def test_forced_path_sweep(case, grid_records):
     run_isolated(case, grid_records)
 
 

@@ -5,6 +5,7 @@ within CUDA's limits, 64-bit offsets only when needed, unspecialized length ints
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 
@@ -463,3 +464,61 @@ def test_window_backward_default_follows_the_call_window():
     assert opts.window == 1025
     assert validate.make_options(128, False, (9, 4), 0.0, None, "bottom_right", "bhsd").window == 14
     assert validate.make_options(128, True, (-1, -1), 0.0, None, "bottom_right", "bhsd").window is None
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+def test_kernel_descriptors_off_keeps_packed_documents_off_kernel_made_descriptors(monkeypatch, hd):
+    """ATTNGEN_KERNEL_DESCRIPTORS=0: a packed-documents backward leaves the Gluon passes (whose
+    launches make TMA descriptors in the kernel: Launch.scratch) for the Triton TMA passes' default
+    tiles, tuned or default config alike; dense calls keep the Gluon passes (host descriptors), and
+    the paged prefill leaves the copy engine for the pointer gather. Unset, nothing changes."""
+    import torch
+
+    from attngen.buckets import bucket_of
+    from attngen.configs import check_bwd, default_bwd_config
+    from attngen.db import winners
+    from attngen.families.bwd import bwd_launches
+    from attngen.families.prefill_paged import check_prefill_paged
+    from attngen.kernels.common import MaskArgs
+    from attngen.problem import random_inputs
+    from attngen.runtime import dispatch, loader
+
+    packed = KernelSpec("bwd", "bf16", "sm90", hd, hd, 4, "causal", varlen=True)
+    dense = packed.replace(varlen=False)
+    paged = KernelSpec("prefill_paged", "bf16", "sm90", 128, 128, 1, "causal")  # one head a tile: tma
+    bucket = bucket_of(4096, 4096, 32)
+
+    def pick(spec):
+        return dispatch.select_config(spec, "0" * 16, "h100", bucket)
+
+    monkeypatch.setattr(winners, "lookup", lambda *a, **k: None)
+    gluon, paged_on = pick(packed)[0], pick(paged)[0]
+    assert gluon.consumers == 2 and gluon == default_bwd_config(packed, "cuda") and paged_on.tma
+    assert pick(dense)[0] == default_bwd_config(dense, "cuda")
+    monkeypatch.setenv("ATTNGEN_KERNEL_DESCRIPTORS", "0")
+    host, source = pick(packed)
+    assert source == "default" and host.consumers == 0 and host.dq_consumers == 0 and host.tma
+    assert (host.block_m, host.block_n) == (64, 64) and check_bwd(packed, host) is None
+    assert pick(dense)[0] == default_bwd_config(dense, "cuda")  # dense: host descriptors already
+    off, _ = pick(paged)
+    assert not off.tma and check_prefill_paged(paged, off) is None
+    # a tuned Gluon winner goes the same way
+    monkeypatch.setattr(winners, "lookup", lambda *a, **k: dataclasses.asdict(gluon))
+    tuned, source = pick(packed)
+    assert source == "tuned" and tuned == host
+
+    # the launches: the Gluon config's dK/dV pass asks for kernel scratch (descriptors made per
+    # document), the host config's launches do not
+    lens = [200, 77, 300]
+    t = sum(lens)
+    q, k, v, dout = random_inputs((t, 8, hd), (t, 2, hd), (t, 2, hd), (t, 8, hd), dtype=torch.bfloat16)
+    lse = torch.empty(8, t)
+    bufs = (torch.empty_like(q), dout, lse, torch.empty_like(lse), torch.empty_like(q), torch.empty_like(k),
+            torch.empty_like(v))
+    cu = torch.tensor([0, 200, 277, 577], dtype=torch.int32)
+    args = MaskArgs(scale=0.1, softcap=0.0, window_left=-1, window_right=0, align_top_left=False)
+    mod = loader.load(packed)
+    with_gluon = bwd_launches(mod, packed, q, k, v, *bufs, args, gluon, False, cu, cu, 300, 300, gluon=True)
+    assert any(la.scratch for la in with_gluon) and "_attn_bwd_dkdv_ws" in [la.fn.__name__ for la in with_gluon]
+    without = bwd_launches(mod, packed, q, k, v, *bufs, args, host, False, cu, cu, 300, 300, gluon=True)
+    assert not any(la.scratch for la in without), [la.fn.__name__ for la in without]
