@@ -9,6 +9,13 @@ copies through such a descriptor needs its own (the copy engine may otherwise us
 docs/notes.md, session 60, the Gluon backward over packed documents). Warp-specialized
 partitions show in the PTX as stretches that start with a `setmaxnreg`; an acquire counts for
 the copies after it in its own stretch only.
+
+`unfenced_barrier_inits`: mbarriers initialised (`mbarrier.init`, the generic proxy) with no
+`fence.proxy.async` (or `fence.mbarrier_init`) between the last initialisation and the first
+asynchronous copy or warp-specialized partition. The copy engine completes its bytes on the
+barrier through the async proxy, and the CUDA programming guide's TMA example fences the
+initialisation for it ("make initialized barrier visible in async proxy") before the block
+synchronises.
 """
 
 from __future__ import annotations
@@ -52,4 +59,25 @@ def unfenced_descriptor_loads(ptx: str) -> list[str]:
         d = _DEF.match(line)
         if d:
             defs[d.group(2)] = (d.group(1), d.group(3))
+    return out
+
+
+_INIT = re.compile(r"\bmbarrier\.init\.")
+_INIT_FENCE = re.compile(r"\bfence\.(?:proxy\.async\b|mbarrier_init\b)")
+_ASYNC_USE = re.compile(r"\bcp(?:\.reduce)?\.async\.bulk\.|\bsetmaxnreg\.")
+
+
+def unfenced_barrier_inits(ptx: str) -> list[str]:
+    """"line N: <instruction>" of each `mbarrier.init` that reaches an asynchronous copy or a
+    warp-specialized partition's start (`setmaxnreg`) with no proxy fence after it: the last
+    initialisation of each such run is reported."""
+    out, pending = [], None
+    for n, line in enumerate(ptx.splitlines(), 1):
+        if _INIT.search(line):
+            pending = f"line {n}: {line.strip()}"
+        elif _INIT_FENCE.search(line):
+            pending = None
+        elif pending and _ASYNC_USE.search(line):
+            out.append(pending)
+            pending = None
     return out

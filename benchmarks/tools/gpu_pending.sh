@@ -11,6 +11,10 @@
 #                                                 # 16 GiB, then three processes at once, twice
 #   benchmarks/tools/gpu_pending.sh pack          # ~60 s: the shipped pack rebuilt into $OUT and into this
 #                                                 # copy's attngen/packs, then tests/gpu/test_gpu_packs.py
+#   benchmarks/tools/gpu_pending.sh ima-fence     # ~250 s: three processes at once, rounds alternating the
+#                                                 # Gluon kernels with a proxy fence after their barrier
+#                                                 # inits (benchmarks/patches/ws_barrier_init_fence.diff,
+#                                                 # rendered from a patched copy of templates/) and without
 #   benchmarks/tools/gpu_pending.sh ima-desc      # ~200 s: three processes at once, rounds of the packed
 #                                                 # case through the Gluon backward (the fault's kernel,
 #                                                 # session 63), through the Triton TMA backward making its
@@ -155,6 +159,22 @@ for step in "$@"; do
         python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py \
           2>&1 | tee -a "$OUT/pack.log"; rc=${PIPESTATUS[0]}
       fi ;;
+    ima-fence)
+      # session 63's candidate for the packed-documents fault: the Gluon kernels initialise their
+      # mbarriers and the copy engine completes bytes on them with no fence.proxy.async between
+      # (attngen.bench.ptx.unfenced_barrier_inits). The patched templates go into a copy the runtime
+      # renders from (ATTNGEN_TEMPLATES_DIR: generated/ then counts as stale for those modules), a
+      # cache of their own; rounds alternate with the built kernels
+      rc=0; T=$(mktemp -d); P="$PWD/benchmarks/patches/ws_barrier_init_fence.diff"
+      cp -r templates/. "$T/"
+      (cd "$T" && patch -s -p2 < "$P") || { echo "patch failed"; rc=1; }
+      grep -c "fence_async_shared()" "$T/_bwd_ws_dkdv.py.jinja" | tee "$OUT/ima_fence_check.txt"
+      for round in 1 2 3 4; do
+        ( export ATTNGEN_TEMPLATES_DIR="$T" ATTNGEN_CACHE_DIR="$T/cache"
+          repro3 "fence round $round" ima_fence --iters 2 --trace )
+        repro3 "plain round $round" ima_fence --iters 2 --trace
+      done
+      grep "^fence" "$OUT/ima_fence.txt" | grep -q "RESULT error\|no RESULT" && rc=1 ;;
     ima-desc)
       # session 63 named the fault's kernel: the Gluon dK/dV pass over packed documents, the one
       # default kernel of the call that makes TMA descriptors in the kernel. Is it the in-kernel
@@ -254,7 +274,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-fence | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

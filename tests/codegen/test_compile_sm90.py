@@ -45,6 +45,11 @@ def checked(reports: list[dict], defined: bool, args: tuple = ()) -> list[dict]:
             (r["kernel"], r["num_warps"], r["undefined_uniform_reads"]) for r in reports if r["undefined_uniform_reads"]]
     for r in reports:
         assert r["unfenced_descriptor_loads"] == [], (r["kernel"], args, r["unfenced_descriptor_loads"][:4])
+        # strict, until benchmarks/patches/ws_barrier_init_fence.diff lands (docs/notes.md, session
+        # 63): the Gluon kernels initialise their mbarriers with no proxy fence before the copy
+        # engine completes bytes on them; with the fence this list is empty and this line goes
+        if r["kernel"].endswith("_ws"):
+            assert r["unfenced_barrier_inits"] != [], (r["kernel"], args)
     return reports
 
 

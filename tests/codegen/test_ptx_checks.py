@@ -3,7 +3,7 @@ lines below are taken from the sm90 compiles of the Gluon backward over packed d
 a TMA copy through a descriptor the kernel made is flagged unless an acquire fence of its own
 warp-specialized stretch covered that address; host descriptors never are."""
 
-from attngen.bench.ptx import unfenced_descriptor_loads
+from attngen.bench.ptx import unfenced_barrier_inits, unfenced_descriptor_loads
 
 # the entry: warp 0 of the first consumer makes a descriptor in global scratch and acquires it
 ENTRY = """
@@ -76,3 +76,40 @@ def test_stores_and_reduces_through_an_unacquired_descriptor_are_flagged():
             "}\n")
     out = unfenced_descriptor_loads(ENTRY + tail)
     assert len(out) == 2 and "bulk_group [%rd60" in out[0] and "cp.reduce" in out[1], out
+
+
+# the Gluon entry as Triton 3.6 emits it: barriers initialised by one thread, the block's barrier,
+# the captures, then the partitions (each starts with setmaxnreg); a consumer's first copy
+INITS = """
+	@%p80 mbarrier.init.shared::cta.b64 [%r712], 1;
+	@%p80 mbarrier.init.shared::cta.b64 [%r713], 2;
+{fence}	bar.sync 	0, 128;
+	st.shared.v2.b64 	[global_smem+132096], {{%rd10, %rd12}};
+	barrier.sync 	1;
+	setmaxnreg.dec.sync.aligned.u32 	240;
+	@%p12 cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%r150], [%rd2, {{%r151, %r152, %r153, %r1395}}], [%r149];
+"""
+
+
+def test_barrier_inits_without_a_proxy_fence_before_the_partitions_are_flagged():
+    ptx = INITS.format(fence="")
+    out = unfenced_barrier_inits(ptx)
+    assert len(out) == 1 and "[%r713], 2" in out[0], out  # the run's last initialisation
+    want = next(n for n, line in enumerate(ptx.splitlines(), 1) if "[%r713]" in line)
+    assert out[0].startswith(f"line {want}:")
+
+
+def test_a_proxy_fence_after_the_inits_clears_them():
+    assert unfenced_barrier_inits(INITS.format(fence="\tfence.proxy.async.shared::cta;\n")) == []
+    assert unfenced_barrier_inits(INITS.format(fence="\tfence.mbarrier_init.release.cluster;\n")) == []
+    # a fence before the initialisations does not count
+    early = "\tfence.proxy.async.shared::cta;\n" + INITS.format(fence="")
+    assert len(unfenced_barrier_inits(early)) == 1
+
+
+def test_a_copy_with_no_partitions_after_unfenced_inits_is_flagged_and_later_inits_count_again():
+    single = ("\t@%p1 mbarrier.init.shared::cta.b64 [%r33], 1;\n\tbar.sync \t0;\n"
+              "\t@%p2 cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1, {%r2, %r3}], [%r33];\n")
+    assert len(unfenced_barrier_inits(single)) == 1
+    fenced = INITS.format(fence="\tfence.proxy.async.shared::cta;\n")
+    assert len(unfenced_barrier_inits(fenced + single)) == 1  # the second run has no fence of its own
