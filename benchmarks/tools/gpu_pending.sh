@@ -220,9 +220,14 @@ for step in "$@"; do
       # each study starts from the h100 winner of its bucket (study.warm_starts). Then the decode
       # bench on the shipped database (the H100-measured winners serve) and on the copy (h200's
       # winners first), one after the other on this GPU. Needs optuna / SQLAlchemy (their wheels)
+      rc=0
+      if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -qw H200; then
+        # session 63 asked for an H200, got an H100 and spent 437 s retuning the h100 class
+        echo "tune-decode-h200: not an H200 ($(nvidia-smi --query-gpu=name --format=csv,noheader)); skipped"
+        continue
+      fi
       DB="${TUNE_DB:-$OUT/attngen.sqlite}"
       [ -f "$DB" ] || cp tuning_db/attngen.sqlite "$DB"
-      rc=0
       T="python3 -m attngen.cli tune --device auto --family decode --storage $DB --timeout"
       $T 200 --spec specs/llama.yaml --kernels 'attn_decode_bf16_hd128_gqa4_causal_sm90' --trials 20 \
         --shapes q1_k4096_bh32,q1_k32768_bh32,q1_k131072_bh32,q1_k32768_bh256,q1_k16384_bh512,q1_k8192_bh1024,q1_k4096_bh2048,q1_k16384_bh2048 \
