@@ -144,6 +144,8 @@ def template_context(spec: KernelSpec, sources: tuple[str, ...] = (), root: Path
     tile_order = options.get("tile_order", "grouped")
     # the Triton dQ passes under a mask: heaviest query blocks (the last ones) first
     dq_reverse = {"on": True, "off": False}[options.get("dq_reverse", "off")]
+    if options.get("ws_doc_desc", "producer") not in ("producer", "shared"):
+        raise CodegenError(f"{spec.uri}: ws_doc_desc={options['ws_doc_desc']!r} is not one of producer, shared")
     root = root or env.templates_dir()
     _check_sources(spec, sources)
     stamp = {

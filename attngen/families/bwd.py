@@ -17,8 +17,9 @@ from attngen.families.bwd_config import (  # noqa: F401 (the family's names, her
     bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach, host_descriptor_bwd,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides, needs_int64,
-                                    programs, roles, strides4, tile_names, tma_descriptors)
+from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides,
+                                    makes_descriptors, needs_int64, programs, roles, strides4, tile_names,
+                                    tma_descriptors)
 from attngen.spec import KernelSpec
 
 # ------------------------------------------------------------------------------------------------
@@ -103,8 +104,9 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 launches = [pre, Launch.of(mod, "_attn_bwd_dkdv_ws", dkdv_grid,
                                         {**dkdv_values, "STAGES": cfg.num_stages, "CONSUMER_REGS": WS_BWD_CONSUMER_REGS,
                                          "ROLES": cfg.roles},
-                                        cfg.num_warps, 1, host_part(ws_descs, packed, ("desc_k", "desc_v")),
-                                        scratch=packed, maxnreg=WS_MAXNREG)]
+                                        cfg.num_warps, 1, host_part(ws_descs, mod, "_attn_bwd_dkdv_ws"),
+                                        scratch=packed and makes_descriptors(mod, "_attn_bwd_dkdv_ws", "desc_q"),
+                                        maxnreg=WS_MAXNREG)]
             else:
                 wants = [(True, False), (False, True)] if cfg.split_dkdv else [(True, True)]
                 launches = [pre] + [
@@ -115,8 +117,9 @@ def bwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, dout, lse, del
                 launches.append(Launch.of(mod, "_attn_bwd_dq_ws", dq_grid,
                                           {**dq_values, "STAGES": cfg.dq_num_stages,
                                            "CONSUMER_REGS": WS_BWD_CONSUMER_REGS},
-                                          cfg.dq_num_warps, 1, host_part(dq_ws_descs, packed, ("desc_q", "desc_do")),
-                                          scratch=packed, maxnreg=WS_MAXNREG))
+                                          cfg.dq_num_warps, 1, host_part(dq_ws_descs, mod, "_attn_bwd_dq_ws"),
+                                          scratch=packed and makes_descriptors(mod, "_attn_bwd_dq_ws", "desc_k"),
+                                          maxnreg=WS_MAXNREG))
                 return launches
             if not atomic:
                 launches.append(Launch.of(mod, "_attn_bwd_dq_tma", dq_grid,

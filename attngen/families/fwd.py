@@ -395,7 +395,7 @@ def fwd_launches(mod: ModuleType, spec: KernelSpec, q, k, v, out, lse, mask: Mas
             # packed documents: host descriptors for Q, K and V from each document's first row; O
             # through pointer stores
             return [Launch.of(mod, "_attn_fwd_ws", grid, values, cfg.num_warps, 1,
-                           host_part(descs, packed, ("desc_q", "desc_k", "desc_v")),
+                           host_part(descs, mod, "_attn_fwd_ws"),
                            maxnreg=ws_fwd_maxnreg(spec, cfg))]
     if cfg.consumers:  # the warp-specialized kernel cannot take this call: the Triton kernels serve
         cfg = triton_fallback(cfg, spec)

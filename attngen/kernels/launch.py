@@ -167,11 +167,22 @@ def tma_descriptors(views: dict, blocks: dict) -> dict | None:
     return out
 
 
-def host_part(descs: dict, packed: bool, prefixes: tuple) -> dict:
-    """A Gluon kernel's host descriptors: all of them for a dense call; for packed documents only
-    those named by `prefixes` (one entry per column tile: desc_q, desc_q0, ...), since the kernel
-    bounds the others per document or stores through pointers."""
-    return {n: d for n, d in descs.items() if n.startswith(prefixes)} if packed else descs
+def host_part(descs: dict, mod, entry: str) -> dict:
+    """A Gluon kernel's host descriptors: those of `descs` that entry point `entry` takes as
+    parameters (its ABI's "desc" role). A dense call's kernel takes all of them; over packed
+    documents a kernel bounds some per document itself (descriptors it makes) or stores through
+    pointers, and takes only the rest."""
+    params = {n for n, role in mod.ABI[entry] if role == "desc"}
+    return {n: d for n, d in descs.items() if n in params}
+
+
+def makes_descriptors(mod, entry: str, loaded: str) -> bool:
+    """Whether entry point `entry` makes descriptors in the kernel (and so needs global scratch,
+    Launch.scratch) for the tensor it loads through `loaded` ("desc_q": its first column tile's
+    parameter name, desc_q or desc_q0): it loads it through the copy engine but takes no such
+    descriptor as a parameter."""
+    params = {n for n, role in mod.ABI[entry] if role == "desc"}
+    return loaded not in params and f"{loaded}0" not in params
 
 
 def descriptor_view(t, packed: bool):

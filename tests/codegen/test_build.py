@@ -688,3 +688,13 @@ def test_codegen_options_change_only_what_they_name():
     lpt_walk = "num_zh = gl.num_programs(0) // num_n_blocks"
     assert lpt_walk not in entry(base, "_attn_bwd_dkdv_ws") and lpt_walk in entry(lpt, "_attn_bwd_dkdv_ws")
     assert entry(base, "_attn_bwd_dq_ws") == entry(lpt, "_attn_bwd_dq_ws")
+
+
+def test_an_unknown_packed_documents_descriptor_form_is_refused():
+    """ws_doc_desc (the Gluon backward's per-document descriptors, A/B runs) takes the forms the
+    templates implement; anything else is an error naming the kernel and the value, not a silent
+    render of another form."""
+    spec = KernelSpec("bwd", "bf16", "sm90", 128, 128, 4, "causal", varlen=True)
+    assert render(spec, options={"ws_doc_desc": "shared"}) != render(spec)
+    with pytest.raises(CodegenError, match=r"attn_bwd_bf16_hd128_gqa4_doc_causal_sm90: ws_doc_desc='hosted'"):
+        render(spec, options={"ws_doc_desc": "hosted"})
