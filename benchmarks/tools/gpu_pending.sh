@@ -15,10 +15,11 @@
 #                                                 # Gluon kernels with a proxy fence after their barrier
 #                                                 # inits (benchmarks/patches/ws_barrier_init_fence.diff,
 #                                                 # rendered from a patched copy of templates/) and without
-#   benchmarks/tools/gpu_pending.sh ima-host      # ~250 s: three processes at once, rounds alternating the
-#                                                 # Gluon backward with every descriptor from the host
-#                                                 # (benchmarks/patches/ws_doc_host_descriptors.diff,
-#                                                 # --switch ws_doc_desc=host) and the built one
+#   benchmarks/tools/gpu_pending.sh ima-host      # ~400 s: the Gluon backward with every descriptor from
+#                                                 # the host and the rows past a document zeroed in shared
+#                                                 # memory (benchmarks/patches/ws_doc_host_descriptors.diff):
+#                                                 # three processes at once against the built form, the
+#                                                 # packed-documents GPU tests, docs8-causal-8k before/after
 #   benchmarks/tools/gpu_pending.sh ima-desc      # ~200 s: three processes at once, rounds of the packed
 #                                                 # case through the Gluon backward (the fault's kernel,
 #                                                 # session 63), through the Triton TMA backward making its
@@ -180,19 +181,32 @@ for step in "$@"; do
       done
       grep "^fence" "$OUT/ima_fence.txt" | grep -q "RESULT error\|no RESULT" && rc=1 ;;
     ima-host)
-      # the other candidate: the Gluon backward over packed documents with no descriptor made in
-      # the kernel (Q / dO of the dK/dV pass and K / V of the dQ pass through host descriptors from
-      # the document's first row, as the forward does; rows past a document's end are not zeroed,
-      # so this form is for this test only: the case's inputs are finite). Faults that stop with it
-      # put the cause in the kernel-made descriptors
+      # the other candidate, and a lasting form of it: the Gluon backward over packed documents
+      # with no descriptor made in the kernel (Q / dO of the dK/dV pass, K / V of the dQ pass
+      # through host descriptors from the document's first row, as the forward; the block that
+      # runs past a document's end lands on a fix barrier, and the second consumer zeroes its rows
+      # past the end before completing the ready barriers, as the forward's v_fix). The patch makes
+      # it the default (ws_doc_desc=host); --switch ws_doc_desc=producer renders the built form.
+      # docs8-causal-8k fwd+bwd before and after; the packed-documents GPU tests (isolation
+      # included) with it
       rc=0; P=benchmarks/patches/ws_doc_host_descriptors.diff
+      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
+        --out "$OUT/bench_docs_built.json" 2>&1 | tail -n 6 | tee "$OUT/ima_host_bench.log"
       git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
       for round in 1 2 3 4; do
-        repro3 "host round $round" ima_host --iters 2 --trace --switch ws_doc_desc=host
-        repro3 "built round $round" ima_host --iters 2 --trace
+        repro3 "host round $round" ima_host --iters 2 --trace
+        repro3 "producer round $round" ima_host --iters 2 --trace --switch ws_doc_desc=producer
       done
-      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P"
-      grep "^host" "$OUT/ima_host.txt" | grep -q "RESULT error\|no RESULT" && rc=1 ;;
+      grep "^host" "$OUT/ima_host.txt" | grep -q "RESULT error\|no RESULT" && rc=1
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
+        -k "backward or varlen or isolat or 20000_documents" 2>&1 | tail -n 30 | tee "$OUT/ima_host_tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and bwd:gluon" \
+        2>&1 | tail -n 20 | tee -a "$OUT/ima_host_tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
+        --out "$OUT/bench_docs_host.json" 2>&1 | tail -n 6 | tee -a "$OUT/ima_host_bench.log"
+      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
     ima-desc)
       # session 63 named the fault's kernel: the Gluon dK/dV pass over packed documents, the one
       # default kernel of the call that makes TMA descriptors in the kernel. Is it the in-kernel
