@@ -199,7 +199,7 @@ for step in "$@"; do
       done
       grep "^host" "$OUT/ima_host.txt" | grep -q "RESULT error\|no RESULT" && rc=1
       python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
-        -k "backward or varlen or isolat or 20000_documents" 2>&1 | tail -n 30 | tee "$OUT/ima_host_tests.log"
+        tests/gpu/test_gpu_expr.py -k "backward or varlen or isolat or 20000_documents" 2>&1 | tail -n 30 | tee "$OUT/ima_host_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and bwd:gluon" \
         2>&1 | tail -n 20 | tee -a "$OUT/ima_host_tests.log"
