@@ -29,7 +29,7 @@ import triton
 import attngen
 from attngen.bench.report import git_commit
 from attngen.bench.run import host_us
-from attngen.kernels.launch import make_descriptors
+from attngen.kernels.descriptors import make_descriptors
 from attngen.runtime import api
 
 

@@ -51,7 +51,7 @@ from attngen.spec.expr import ParamDecl  # noqa: E402
 from attngen.families.bwd import bwd_launches  # noqa: E402
 from attngen.kernels.common import MaskArgs, mask_kind  # noqa: E402
 from attngen.families.fwd import fwd_launches  # noqa: E402
-from attngen.kernels.launch import make_descriptors  # noqa: E402
+from attngen.kernels.descriptors import make_descriptors  # noqa: E402
 from attngen.runtime import loader  # noqa: E402
 from attngen.spec import KernelSpec  # noqa: E402
 from attngen.configs import BwdConfig, FwdConfig  # noqa: E402

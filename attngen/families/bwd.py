@@ -17,9 +17,10 @@ from attngen.families.bwd_config import (  # noqa: F401 (the family's names, her
     bwd_triton_fallback, check_bwd, check_ws_bwd, default_bwd_config, expr_short_reach, host_descriptor_bwd,
     pointer_bwd_config, ws_backward, ws_dq_takes)
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (expr_values, Launch, descriptor_view, has_entry, host_part, lse_strides,
-                                    makes_descriptors, needs_int64, programs, roles, strides4, tile_names,
-                                    tma_descriptors)
+from attngen.kernels.descriptors import (descriptor_view, host_part, makes_descriptors, tile_names,
+                                         tma_descriptors)
+from attngen.kernels.launch import (expr_values, Launch, has_entry, lse_strides, needs_int64, programs, roles,
+                                    strides4)
 from attngen.spec import KernelSpec
 
 # ------------------------------------------------------------------------------------------------

@@ -16,8 +16,9 @@ from attngen.kernels.common import MaskArgs
 from attngen.spec import expr as X
 from attngen.families.bwd_config import WS_EXPR_DEFAULT, WS_EXPR_MAX_HD, expr_short_reach
 from attngen.spec.expr_terms import mask_node, score_node
-from attngen.kernels.launch import (expr_values, Launch, call_extent, descriptor_view, has_entry, host_part, lse_strides,
-                                    needs_int64, programs, sm_count, strides4, tile_names, tma_descriptors)
+from attngen.kernels.descriptors import descriptor_view, host_part, tile_names, tma_descriptors
+from attngen.kernels.launch import (expr_values, Launch, call_extent, has_entry, lse_strides, needs_int64, programs,
+                                    sm_count, strides4)
 from attngen.spec import KernelSpec, head_chunks
 
 

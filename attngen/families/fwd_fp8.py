@@ -26,8 +26,8 @@ from attngen.families.fwd_fp8_config import (  # noqa: F401 (the family's names,
     ws_fp8_preferred, ws_fp8_default, ws_smem_bytes, check_ws_fp8, ws_fallback, triton_fp8_config,
     ws_fp8_maxnreg, portable_fp8)
 from attngen.kernels.common import MaskArgs
-from attngen.kernels.launch import (Launch, call_extent, has_entry, lse_strides, needs_int64, programs, strides4,
-                                    tma_descriptors)
+from attngen.kernels.descriptors import tma_descriptors
+from attngen.kernels.launch import Launch, call_extent, has_entry, lse_strides, needs_int64, programs, strides4
 # pdl(t): programmatic dependent launch on t's device (sm90): the prologue lets the attention
 # kernel launch as its programs leave, and the attention kernel waits for it inside
 from attngen.kernels.launch import pdl

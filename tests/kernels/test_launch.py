@@ -14,7 +14,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from attngen.families import fwd_fp8 as f8
 from attngen.kernels import launch
-from attngen.kernels.launch import DESCRIPTOR_FIELDS, Descriptors, make_descriptors, tma_descriptors
+from attngen.kernels import descriptors
+from attngen.kernels.descriptors import DESCRIPTOR_FIELDS, Descriptors, make_descriptors, tma_descriptors
 
 E4M3 = torch.float8_e4m3fn
 
@@ -101,7 +102,7 @@ def test_the_first_call_goes_through_tritons_checks():
 
 
 def test_unknown_descriptor_classes_keep_the_constructors(monkeypatch):
-    monkeypatch.setitem(launch.DESCRIPTOR_FIELDS, "triton", ("base", "shape", "strides", "block_shape"))
+    monkeypatch.setitem(descriptors.DESCRIPTOR_FIELDS, "triton", ("base", "shape", "strides", "block_shape"))
     descs, tensors = _triton_specs()
     made = Descriptors(descs)
     made(tensors)
