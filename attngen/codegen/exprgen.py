@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 from attngen.codegen import exprcode as XC
+from attngen.codegen import exprranges as XR
 from attngen.spec import expr as X
 from attngen.spec.expr_terms import GradTerm, exact_d, grad_terms, mask_node, run_params, score_node  # noqa: F401
 from attngen.spec.model import KernelSpec
@@ -74,9 +75,9 @@ def fragments(spec: KernelSpec) -> Fragments:
         args += ", " + sizes
     grads = "".join(f", XG{t.index}" for t in grad_terms(spec)) + (", XD" if spec.sinks else "")
     return Fragments(True, bool(spec.score_expr), spec.sinks, tensors, sizes, args,
-                     skip_kv=mask is not None and XC.needs_tile_skip(mask, "kv_idx"),
-                     skip_kv_bwd=mask is not None and XC.gathers_along(mask, "kv_idx"),
-                     skip_q=mask is not None and XC.gathers_along(mask, "q_idx"), grads=grads)
+                     skip_kv=mask is not None and XR.needs_tile_skip(mask, "kv_idx"),
+                     skip_kv_bwd=mask is not None and XR.gathers_along(mask, "kv_idx"),
+                     skip_q=mask is not None and XR.gathers_along(mask, "q_idx"), grads=grads)
 
 
 def _tile_names(rows: str, cols: str, transposed: bool, decode: bool) -> dict:
@@ -319,7 +320,7 @@ def key_range(spec: KernelSpec, row_lo: str, row_hi: str, decode: bool = False) 
     if node is None:
         return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_k // BLOCK_N) * BLOCK_N\nhi = seqlen_k"
     b = XC.Bounds(_box(row_lo, row_hi, decode, "kv_idx"), _load(spec), "xr_")
-    r = XC.Ranges(b, "kv_idx", "seqlen_k")
+    r = XR.Ranges(b, "kv_idx", "seqlen_k")
     may, must = r.both(node)
     lo, hi = r.resolve(may)
     flo, fhi = r.resolve(must)
@@ -343,7 +344,7 @@ def query_range(spec: KernelSpec, col_lo: str, col_hi: str) -> str:
     if node is None:
         return "lo = 0\nfull_lo = 0\nfull_hi = (seqlen_q // BLOCK_M) * BLOCK_M\nhi = seqlen_q"
     b = XC.Bounds(_box("", "", True, "q_idx", col_lo, col_hi), _load(spec), "xr_")
-    r = XC.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
+    r = XR.Ranges(b, "q_idx", "(seqlen_q + diag_offset)", "diag_offset")
     may, must = r.both(node)
     lo, hi = r.resolve(may)
     flo, fhi = r.resolve(must)

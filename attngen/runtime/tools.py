@@ -110,7 +110,7 @@ def _expressions(spec) -> dict:
     condition leaves gaps (attngen.codegen.exprgen)."""
     if not spec.has_expr:
         return {}
-    from attngen.codegen.exprcode import gathers_along, needs_tile_skip
+    from attngen.codegen.exprranges import gathers_along, needs_tile_skip
     from attngen.spec.expr_terms import run_params
     from attngen.spec import expr as X
 

@@ -17,7 +17,8 @@ alignment (the default), its row under top-left alignment; with equal lengths bo
 This module parses and checks expressions into trees and gives their canonical text (a kernel's
 identity) and symbolic derivatives (`diff`: the backward's dS and the gradients of learnable
 parameters). Their PyTorch evaluation (the float64 references) is attngen.spec.expr_eval; their
-Triton code (tile statements, interval bounds, loop ranges) attngen.codegen.exprcode. Pure Python.
+Triton code (tile statements, interval bounds) attngen.codegen.exprcode, loop ranges
+attngen.codegen.exprranges. Pure Python.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from attngen.codegen.exprcode import gathers_along, needs_tile_skip
+from attngen.codegen.exprranges import gathers_along, needs_tile_skip
 from attngen.families.bwd import default_bwd_config
 from attngen.spec import KernelSpec
 from attngen.spec import expr as X
