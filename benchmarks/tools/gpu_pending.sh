@@ -20,6 +20,9 @@
 #                                                 # memory (benchmarks/patches/ws_doc_host_descriptors.diff):
 #                                                 # three processes at once against the built form, the
 #                                                 # packed-documents GPU tests, docs8-causal-8k before/after
+#   benchmarks/tools/gpu_pending.sh roles-lse     # ~250 s: split roles' first consumer waits for the
+#                                                 # producer's LSE (benchmarks/patches/ws_roles_lse_wait.diff):
+#                                                 # hd256 / hd192 fwd+bwd before and after, the roles GPU tests
 #   benchmarks/tools/gpu_pending.sh ima-desc      # ~200 s: three processes at once, rounds of the packed
 #                                                 # case through the Gluon backward (the fault's kernel,
 #                                                 # session 63), through the Triton TMA backward making its
@@ -207,6 +210,22 @@ for step in "$@"; do
       python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
         --out "$OUT/bench_docs_host.json" 2>&1 | tail -n 6 | tee -a "$OUT/ima_host_bench.log"
       git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
+    roles-lse)
+      # the Gluon dK/dV pass with split roles (hd192, hd256): ROLE 0 read the slot's LSE after
+      # q_ready only, which Q's bytes complete, while the producer stores the LSE after issuing
+      # the copies and orders it by its arrival on do_ready: a race the patch closes by waiting
+      # on do_ready first. Bench rows before and after, then the roles paths' tests with it
+      rc=0; P=benchmarks/patches/ws_roles_lse_wait.diff
+      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
+        --out "$OUT/bench_roles_built.json" 2>&1 | tail -n 8 | tee "$OUT/roles_lse.log"
+      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
+      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
+        --out "$OUT/bench_roles_lse.json" 2>&1 | tail -n 8 | tee -a "$OUT/roles_lse.log"
+      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "gluon-roles" \
+        2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_bwd.py tests/gpu/test_gpu_expr.py -k "roles" \
+        2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
     ima-desc)
       # session 63 named the fault's kernel: the Gluon dK/dV pass over packed documents, the one
       # default kernel of the call that makes TMA descriptors in the kernel. Is it the in-kernel
@@ -311,7 +330,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-fence | ima-host | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
