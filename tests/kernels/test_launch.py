@@ -220,3 +220,24 @@ def test_raw_launcher_only_where_triton_builds_its_launcher_as_3_6_does():
                                   launch_cooperative_grid=False, launch_pdl=False)
     raw = RawLauncher.of(launch_of(plain))  # no descriptors: the C launcher itself
     assert raw is not None and raw.launcher is print and raw.slots == ()
+
+
+def test_a_gluon_entrys_host_descriptors_and_kernel_scratch_come_from_its_abi():
+    """descriptors.host_part keeps the descriptors an entry point takes as parameters (its ABI's
+    "desc" role) and makes_descriptors says whether it loads a tensor it takes no descriptor of
+    (so it makes one in the kernel and needs global scratch): the packed-documents dK/dV pass as
+    built (Q / dO made per document) and as ws_doc_desc=host renders it (every one from the host),
+    first column tile named desc_q or desc_q0."""
+    from types import SimpleNamespace
+
+    from attngen.kernels.descriptors import host_part, makes_descriptors
+
+    built = SimpleNamespace(ABI={"e": (("desc_k", "desc"), ("desc_v", "desc"), ("Q", "tensor"), ("DO", "tensor"))})
+    host = SimpleNamespace(ABI={"e": (("desc_q", "desc"), ("desc_k", "desc"), ("desc_v", "desc"),
+                                      ("desc_do", "desc"), ("Q", "tensor"))})
+    tiles = SimpleNamespace(ABI={"e": (("desc_q0", "desc"), ("desc_q1", "desc"), ("desc_k0", "desc"))})
+    descs = {n: ("T", [1], [1], [1]) for n in ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dk", "desc_dv")}
+    assert sorted(host_part(descs, built, "e")) == ["desc_k", "desc_v"]
+    assert sorted(host_part(descs, host, "e")) == ["desc_do", "desc_k", "desc_q", "desc_v"]
+    assert makes_descriptors(built, "e", "desc_q") and not makes_descriptors(host, "e", "desc_q")
+    assert not makes_descriptors(tiles, "e", "desc_q") and makes_descriptors(tiles, "e", "desc_v")
