@@ -23,6 +23,10 @@
 #   benchmarks/tools/gpu_pending.sh roles-lse     # ~250 s: split roles' first consumer waits for the
 #                                                 # producer's LSE (benchmarks/patches/ws_roles_lse_wait.diff):
 #                                                 # hd256 / hd192 fwd+bwd before and after, the roles GPU tests
+#   PATCHES="a b" benchmarks/tools/gpu_pending.sh land  # ~200 s: the named benchmarks/patches/*.diff
+#                                                 # applied, generated/ rebuilt, the shipped pack rebuilt
+#                                                 # ($OUT/sm90_llama.pack, for the commit here), the pack
+#                                                 # tests and the grid's Gluon backward cases with them
 #   benchmarks/tools/gpu_pending.sh ima-desc      # ~200 s: three processes at once, rounds of the packed
 #                                                 # case through the Gluon backward (the fault's kernel,
 #                                                 # session 63), through the Triton TMA backward making its
@@ -226,6 +230,24 @@ for step in "$@"; do
       python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_bwd.py tests/gpu/test_gpu_expr.py -k "roles" \
         2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
+    land)
+      # landing template patches needs a pack built from the patched kernels: apply them here as
+      # the commit will (the same files render the same bytes: generated/ is deterministic), build,
+      # rebuild the pack, test it. Here afterwards: apply the same patches, `attngen build specs/`,
+      # copy $OUT/sm90_llama.pack to attngen/packs/, commit
+      rc=0
+      for p in ${PATCHES:?PATCHES names the patches to land}; do
+        git apply "benchmarks/patches/$p.diff" 2>/dev/null || patch -s -p1 < "benchmarks/patches/$p.diff" \
+          || { echo "$p did not apply"; rc=1; }
+      done
+      python3 -m attngen.cli build specs/ > "$OUT/land_build.log" 2>&1 || rc=1
+      python3 -m attngen.cli warmup specs/llama.yaml --seqlens 1024,4096,16384 --backward \
+        --pack "$OUT/sm90_llama.pack" 2>&1 | tee "$OUT/land_pack.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      cp "$OUT/sm90_llama.pack" attngen/packs/sm90_llama.pack
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py 2>&1 | tail -n 8 | tee -a "$OUT/land_pack.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "bwd:gluon" \
+        2>&1 | tail -n 15 | tee -a "$OUT/land_pack.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
     ima-desc)
       # session 63 named the fault's kernel: the Gluon dK/dV pass over packed documents, the one
       # default kernel of the call that makes TMA descriptors in the kernel. Is it the in-kernel
@@ -330,7 +352,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | land | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
