@@ -166,11 +166,13 @@ def bwd_triton_fallback(cfg: BwdConfig, dkdv: bool = True, dq: bool = True) -> B
     """The Triton kernels' config for a call the warp-specialized passes cannot take (a CPU
     tensor, rows the copy engine cannot address): the dK/dV pass (dkdv) with one consumer's keys per
     program (with roles: dK and dV from two launches of 32-query steps, one accumulator each, the
-    hd256 Triton default), the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept."""
+    hd256 Triton default), the dQ pass (dq) with 128-row 8-warp programs, the tiles otherwise kept
+    (the Gluon pass's 128-row ring slots at hd64 become the Triton pass's 64-query steps)."""
     if dkdv and cfg.consumers and cfg.roles:  # one accumulator per launch, as roles has per consumer
         cfg = dataclasses.replace(cfg, consumers=0, roles=False, block_m=32, split_dkdv=True)
     elif dkdv and cfg.consumers:
-        cfg = dataclasses.replace(cfg, consumers=0, block_n=cfg.block_n // cfg.consumers)
+        cfg = dataclasses.replace(cfg, consumers=0, block_m=min(cfg.block_m, 64),
+                                  block_n=cfg.block_n // cfg.consumers)
     if dq and cfg.dq_consumers:
         cfg = dataclasses.replace(cfg, dq_consumers=0, dq_block_m=128, dq_num_warps=8)
     return cfg
@@ -183,8 +185,7 @@ def host_descriptor_bwd(cfg: BwdConfig, spec: KernelSpec) -> BwdConfig:
     theirs (host descriptors only)."""
     if not spec.varlen or not (cfg.consumers or cfg.dq_consumers):
         return cfg
-    fb = bwd_triton_fallback(cfg)
-    return fb if fb.split_dkdv or fb.block_m <= 64 else dataclasses.replace(fb, block_m=64)
+    return bwd_triton_fallback(cfg)
 
 
 def check_bwd(spec: KernelSpec, cfg: BwdConfig) -> str | None:

@@ -322,3 +322,10 @@ def test_triton_fallback_of_the_warp_specialized_backward():
     # split roles fall back to the split Triton dK / dV launches (one accumulator each), hd256's
     wide = space.bwd_triton_fallback(space.WS_BWD_ROLES)
     assert wide == space.default_bwd_config(KernelSpec("bwd", "bf16", "sm90", 256, 256, 1, "causal", softcap=True))
+    # hd64's 128-row ring slots are the Gluon pass's: its Triton fallback (atomic dQ, 64-bit
+    # offsets, packed documents with ATTNGEN_KERNEL_DESCRIPTORS=0) takes the Triton hd64 default's
+    # 64 x 64 tiles, as the 64-row form it replaced did
+    s64 = KernelSpec("bwd", "bf16", "sm90", 64, 64, 4, "causal", softcap=True)  # softcapping: the Triton table
+    narrow = space.bwd_triton_fallback(space.WS_BWD_DEFAULT_HD64)
+    assert narrow == space.bwd_triton_fallback(space.WS_BWD_DKDV_M64) == space.default_bwd_config(s64)
+    assert (narrow.block_m, narrow.block_n) == (64, 64) and space.check_bwd(s64, narrow) is None
