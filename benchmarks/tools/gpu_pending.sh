@@ -23,6 +23,9 @@
 #   benchmarks/tools/gpu_pending.sh roles-lse     # ~250 s: split roles' first consumer waits for the
 #                                                 # producer's LSE (benchmarks/patches/ws_roles_lse_wait.diff):
 #                                                 # hd256 / hd192 fwd+bwd before and after, the roles GPU tests
+#   benchmarks/tools/gpu_pending.sh ima-land      # ~450 s: the three patches above together as they would
+#                                                 # land (benchmarks/patches/ws_landing.diff): bench rows,
+#                                                 # three-process rounds and the changed paths' tests
 #   PATCHES="a b" benchmarks/tools/gpu_pending.sh land  # ~200 s: the named benchmarks/patches/*.diff
 #                                                 # applied, generated/ rebuilt, the shipped pack rebuilt
 #                                                 # ($OUT/sm90_llama.pack, for the commit here), the pack
@@ -230,6 +233,30 @@ for step in "$@"; do
       python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_bwd.py tests/gpu/test_gpu_expr.py -k "roles" \
         2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
+    ima-land)
+      # the three session-63 patches together as they would land (benchmarks/patches/ws_landing.diff:
+      # the proxy fence after the Gluon kernels' barrier inits, the packed backward's descriptors
+      # from the host, split roles' LSE wait): the bench rows they touch before and after, three
+      # processes at once in rounds before (2) and after (4), then the tests of the paths they change
+      rc=0; P=benchmarks/patches/ws_landing.diff
+      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
+        --out "$OUT/bench_land_docs_before.json" 2>&1 | tail -n 6 | tee "$OUT/ima_land.log"
+      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
+        --out "$OUT/bench_land_roles_before.json" 2>&1 | tail -n 8 | tee -a "$OUT/ima_land.log"
+      for round in 1 2; do repro3 "built round $round" ima_land --iters 2 --trace; done
+      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
+      for round in 1 2 3 4; do repro3 "landing round $round" ima_land --iters 2 --trace; done
+      grep "^landing" "$OUT/ima_land.txt" | grep -q "RESULT error\|no RESULT" && rc=1
+      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
+        --out "$OUT/bench_land_docs_after.json" 2>&1 | tail -n 6 | tee -a "$OUT/ima_land.log"
+      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
+        --out "$OUT/bench_land_roles_after.json" 2>&1 | tail -n 8 | tee -a "$OUT/ima_land.log"
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
+        tests/gpu/test_gpu_expr.py tests/gpu/test_gpu_bwd.py -k "backward or varlen or isolat or 20000_documents or roles" \
+        2>&1 | tail -n 30 | tee "$OUT/ima_land_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "(packed and bwd:gluon) or gluon-roles" \
+        2>&1 | tail -n 20 | tee -a "$OUT/ima_land_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
     land)
       # landing template patches needs a pack built from the patched kernels: apply them here as
       # the commit will (the same files render the same bytes: generated/ is deterministic), build,
@@ -352,7 +379,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | land | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | land | ima-land | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
