@@ -26,6 +26,9 @@
 #   benchmarks/tools/gpu_pending.sh ima-land      # ~450 s: the three patches above together as they would
 #                                                 # land (benchmarks/patches/ws_landing.diff): bench rows,
 #                                                 # three-process rounds and the changed paths' tests
+#   benchmarks/tools/gpu_pending.sh ima-churn     # ~150 s: three processes at once, the Gluon backward on a
+#                                                 # dense call with the packed case's 160,000 short
+#                                                 # programs, and the packed case through the Triton TMA one
 #   PATCHES="a b" benchmarks/tools/gpu_pending.sh land  # ~200 s: the named benchmarks/patches/*.diff
 #                                                 # applied, generated/ rebuilt, the shipped pack rebuilt
 #                                                 # ($OUT/sm90_llama.pack, for the commit here), the pack
@@ -257,6 +260,16 @@ for step in "$@"; do
       python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "(packed and bwd:gluon) or gluon-roles" \
         2>&1 | tail -n 20 | tee -a "$OUT/ima_land_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
+    ima-churn)
+      # the fault survived every change to the packed Gluon backward (ima-land). Is it the packing at
+      # all? The same kernels on a dense call with as many programs, each as short (B20000 H8 S64:
+      # 160,000 dK/dV programs, as the 20,000 documents), against the packed call through the
+      # Triton TMA backward (clean 6 of 6 in session 63), three processes at once
+      rc=0
+      for round in 1 2 3; do
+        repro3 "dense-short round $round" ima_churn --dense --dense-shape 20000,8,64 --iters 2 --trace
+        [ "$round" -le 2 ] && repro3 "packed-tma round $round" ima_churn --bwd tma --iters 2 --trace
+      done ;;
     land)
       # landing template patches needs a pack built from the patched kernels: apply them here as
       # the commit will (the same files render the same bytes: generated/ is deterministic), build,
@@ -379,7 +392,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | land | ima-land | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | land | ima-land | ima-churn | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

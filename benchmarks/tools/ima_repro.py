@@ -43,6 +43,9 @@ def main() -> int:
     ap.add_argument("--dense", action="store_true",
                     help="a dense call instead (B4 H32 S4096 hd128 causal, host descriptors only): the "
                          "control for the packed documents' kernels, which make descriptors in the kernel")
+    ap.add_argument("--dense-shape", default="4,32,4096", metavar="B,H,S",
+                    help="the dense call's batch, heads and length (20000,8,64: as many programs as "
+                         "the packed case, each as short)")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run through the interpreter (TRITON_INTERPRET=1)")
     ap.add_argument("--blocking", action="store_true", help="CUDA_LAUNCH_BLOCKING=1 (set before CUDA starts)")
     ap.add_argument("--trace", action="store_true", help="print each kernel launch's name before it runs")
@@ -101,11 +104,12 @@ def main() -> int:
     sync = torch.cuda.synchronize if dev != "cpu" else (lambda: None)
     T = args.docs * L
     g = torch.Generator(device=dev).manual_seed(20)
-    shape = (4, 32, 4096, D) if args.dense else (T, H, D)
+    shape = (*map(int, args.dense_shape.split(",")), D) if args.dense else (T, H, D)
     q, k, v, dout = (torch.randn(shape, device=dev, generator=g).to(torch.bfloat16) for _ in range(4))
     cu = torch.arange(0, T + 1, L, dtype=torch.int32, device=dev)
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
-    print(f"fwd={args.fwd} bwd={args.bwd} switch={args.switch} docs={'dense' if args.dense else args.docs} "
+    print(f"fwd={args.fwd} bwd={args.bwd} switch={args.switch} "
+          f"docs={'dense ' + args.dense_shape if args.dense else args.docs} "
           f"blocking={args.blocking} "
           f"free={torch.cuda.mem_get_info()[0] / 2**30 if dev != 'cpu' else 0:.1f} GiB", flush=True)
     scope = forced_config(**forced) if forced else contextlib.nullcontext()
