@@ -19,6 +19,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 R=${OUT:-benchmarks/results/tmp}
+export CALL_OUT=$R  # a step's artefact that must come back even if the call is cut (land's pack)
 W=$(mktemp -d)
 mkdir -p "$R"
 start=$(date +%s)

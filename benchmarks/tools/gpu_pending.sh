@@ -284,6 +284,7 @@ for step in "$@"; do
       python3 -m attngen.cli warmup specs/llama.yaml --seqlens 1024,4096,16384 --backward \
         --pack "$OUT/sm90_llama.pack" 2>&1 | tee "$OUT/land_pack.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       cp "$OUT/sm90_llama.pack" attngen/packs/sm90_llama.pack
+      [ -n "${CALL_OUT:-}" ] && cp "$OUT/sm90_llama.pack" "$OUT/land_pack.log" "$CALL_OUT/"
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py 2>&1 | tail -n 8 | tee -a "$OUT/land_pack.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
       python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "bwd:gluon" \
