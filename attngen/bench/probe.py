@@ -58,7 +58,7 @@ from attngen.configs import BwdConfig, FwdConfig  # noqa: E402
 from attngen.families import fwd_fp8  # noqa: E402
 from attngen.families.fwd_fp8 import Fp8Config  # noqa: E402
 from attngen.bench.sass import main_loop, undefined_uniform_reads  # noqa: E402,F401 (named here as before)
-from attngen.bench.ptx import unfenced_barrier_inits, unfenced_descriptor_loads  # noqa: E402
+from attngen.bench.ptx import unfenced_barrier_inits, unfenced_descriptor_loads, uninvalidated_barriers  # noqa: E402
 
 
 def parse_config(text: str, cls: type = FwdConfig):
@@ -194,6 +194,7 @@ def probe(launch, tmp: Path, dump: Path | None, tag: str) -> dict:
     # TMA copies through a descriptor the kernel made that the issuing warp never acquired
     rep["unfenced_descriptor_loads"] = unfenced_descriptor_loads(ptx)
     rep["unfenced_barrier_inits"] = unfenced_barrier_inits(ptx)
+    rep["uninvalidated_barriers"] = uninvalidated_barriers(ptx)
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -403,6 +404,8 @@ def _report(args: argparse.Namespace, launches: list, tmp: Path) -> int:
         if rep["unfenced_barrier_inits"]:
             print(f"    mbarrier initialisations not fenced for the copy engine: "
                   f"{len(rep['unfenced_barrier_inits'])} ({rep['unfenced_barrier_inits'][0]})")
+        if rep["uninvalidated_barriers"]:
+            print(f"    mbarriers never invalidated: {rep['uninvalidated_barriers']}")
         if rep["undefined_uniform_reads"]:
             print(f"    uniform registers read before any write: {', '.join(rep['undefined_uniform_reads'][:8])}")
         if rep["main_loop"]:

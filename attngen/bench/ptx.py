@@ -16,6 +16,11 @@ asynchronous copy or warp-specialized partition. The copy engine completes its b
 barrier through the async proxy, and the CUDA programming guide's TMA example fences the
 initialisation for it ("make initialized barrier visible in async proxy") before the block
 synchronises.
+
+`uninvalidated_barriers`: how many more `mbarrier.init` instructions than `mbarrier.inval` the
+kernel has. An mbarrier's location is to be invalidated before it is put to any other use, and the
+next program on the SM reuses the shared memory; Triton's own TMA lowering invalidates every
+barrier it initialises, and the Gluon kernels invalidate theirs after the partitions join.
 """
 
 from __future__ import annotations
@@ -65,6 +70,18 @@ def unfenced_descriptor_loads(ptx: str) -> list[str]:
 _INIT = re.compile(r"\bmbarrier\.init\.")
 _INIT_FENCE = re.compile(r"\bfence\.(?:proxy\.async\b|mbarrier_init\b)")
 _ASYNC_USE = re.compile(r"\bcp(?:\.reduce)?\.async\.bulk\.|\bsetmaxnreg\.")
+
+
+_INVAL = re.compile(r"\bmbarrier\.inval\.")
+
+
+def uninvalidated_barriers(ptx: str) -> int:
+    """`mbarrier.init` instructions in excess of `mbarrier.inval` ones (0: each one invalidated)."""
+    inits = invals = 0
+    for line in ptx.splitlines():
+        inits += bool(_INIT.search(line))
+        invals += bool(_INVAL.search(line))
+    return max(inits - invals, 0)
 
 
 def unfenced_barrier_inits(ptx: str) -> list[str]:

@@ -11,24 +11,13 @@
 #                                                 # 16 GiB, then three processes at once, twice
 #   benchmarks/tools/gpu_pending.sh pack          # ~60 s: the shipped pack rebuilt into $OUT and into this
 #                                                 # copy's attngen/packs, then tests/gpu/test_gpu_packs.py
-#   benchmarks/tools/gpu_pending.sh ima-fence     # ~250 s: three processes at once, rounds alternating the
-#                                                 # Gluon kernels with a proxy fence after their barrier
-#                                                 # inits (benchmarks/patches/ws_barrier_init_fence.diff,
-#                                                 # rendered from a patched copy of templates/) and without
-#   benchmarks/tools/gpu_pending.sh ima-host      # ~400 s: the Gluon backward with every descriptor from
-#                                                 # the host and the rows past a document zeroed in shared
-#                                                 # memory (benchmarks/patches/ws_doc_host_descriptors.diff):
-#                                                 # three processes at once against the built form, the
-#                                                 # packed-documents GPU tests, docs8-causal-8k before/after
-#   benchmarks/tools/gpu_pending.sh roles-lse     # ~250 s: split roles' first consumer waits for the
-#                                                 # producer's LSE (benchmarks/patches/ws_roles_lse_wait.diff):
-#                                                 # hd256 / hd192 fwd+bwd before and after, the roles GPU tests
-#   benchmarks/tools/gpu_pending.sh ima-land      # ~450 s: the three patches above together as they would
-#                                                 # land (benchmarks/patches/ws_landing.diff): bench rows,
-#                                                 # three-process rounds and the changed paths' tests
 #   benchmarks/tools/gpu_pending.sh ima-churn     # ~150 s: three processes at once, the Gluon backward on a
 #                                                 # dense call with the packed case's 160,000 short
 #                                                 # programs, and the packed case through the Triton TMA one
+#   benchmarks/tools/gpu_pending.sh ima-inval     # ~350 s: benchmarks/patches/ws_landing.diff applied, the
+#                                                 # shipped pack rebuilt from it, three-process rounds of
+#                                                 # the packed case, the pack tests, the grid's Gluon
+#                                                 # paths and the fp8 Gluon suite
 #   PATCHES="a b" benchmarks/tools/gpu_pending.sh land  # ~200 s: the named benchmarks/patches/*.diff
 #                                                 # applied, generated/ rebuilt, the shipped pack rebuilt
 #                                                 # ($OUT/sm90_llama.pack, for the commit here), the pack
@@ -177,91 +166,8 @@ for step in "$@"; do
         python3 -m pytest -v -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py \
           2>&1 | tee -a "$OUT/pack.log"; rc=${PIPESTATUS[0]}
       fi ;;
-    ima-fence)
-      # session 63's candidate for the packed-documents fault: the Gluon kernels initialise their
-      # mbarriers and the copy engine completes bytes on them with no fence.proxy.async between
-      # (attngen.bench.ptx.unfenced_barrier_inits). The patched templates go into a copy the runtime
-      # renders from (ATTNGEN_TEMPLATES_DIR: generated/ then counts as stale for those modules), a
-      # cache of their own; rounds alternate with the built kernels
-      rc=0; T=$(mktemp -d); P="$PWD/benchmarks/patches/ws_barrier_init_fence.diff"
-      cp -r templates/. "$T/"
-      (cd "$T" && patch -s -p2 < "$P") || { echo "patch failed"; rc=1; }
-      grep -c "fence_async_shared()" "$T/_bwd_ws_dkdv.py.jinja" | tee "$OUT/ima_fence_check.txt"
-      for round in 1 2 3 4; do
-        ( export ATTNGEN_TEMPLATES_DIR="$T" ATTNGEN_CACHE_DIR="$T/cache"
-          repro3 "fence round $round" ima_fence --iters 2 --trace )
-        repro3 "plain round $round" ima_fence --iters 2 --trace
-      done
-      grep "^fence" "$OUT/ima_fence.txt" | grep -q "RESULT error\|no RESULT" && rc=1 ;;
-    ima-host)
-      # the other candidate, and a lasting form of it: the Gluon backward over packed documents
-      # with no descriptor made in the kernel (Q / dO of the dK/dV pass, K / V of the dQ pass
-      # through host descriptors from the document's first row, as the forward; the block that
-      # runs past a document's end lands on a fix barrier, and the second consumer zeroes its rows
-      # past the end before completing the ready barriers, as the forward's v_fix). The patch makes
-      # it the default (ws_doc_desc=host); --switch ws_doc_desc=producer renders the built form.
-      # docs8-causal-8k fwd+bwd before and after; the packed-documents GPU tests (isolation
-      # included) with it
-      rc=0; P=benchmarks/patches/ws_doc_host_descriptors.diff
-      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
-        --out "$OUT/bench_docs_built.json" 2>&1 | tail -n 6 | tee "$OUT/ima_host_bench.log"
-      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
-      for round in 1 2 3 4; do
-        repro3 "host round $round" ima_host --iters 2 --trace
-        repro3 "producer round $round" ima_host --iters 2 --trace --switch ws_doc_desc=producer
-      done
-      grep "^host" "$OUT/ima_host.txt" | grep -q "RESULT error\|no RESULT" && rc=1
-      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
-        tests/gpu/test_gpu_expr.py -k "backward or varlen or isolat or 20000_documents" 2>&1 | tail -n 30 | tee "$OUT/ima_host_tests.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "packed and bwd:gluon" \
-        2>&1 | tail -n 20 | tee -a "$OUT/ima_host_tests.log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
-        --out "$OUT/bench_docs_host.json" 2>&1 | tail -n 6 | tee -a "$OUT/ima_host_bench.log"
-      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
-    roles-lse)
-      # the Gluon dK/dV pass with split roles (hd192, hd256): ROLE 0 read the slot's LSE after
-      # q_ready only, which Q's bytes complete, while the producer stores the LSE after issuing
-      # the copies and orders it by its arrival on do_ready: a race the patch closes by waiting
-      # on do_ready first. Bench rows before and after, then the roles paths' tests with it
-      rc=0; P=benchmarks/patches/ws_roles_lse_wait.diff
-      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
-        --out "$OUT/bench_roles_built.json" 2>&1 | tail -n 8 | tee "$OUT/roles_lse.log"
-      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
-      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
-        --out "$OUT/bench_roles_lse.json" 2>&1 | tail -n 8 | tee -a "$OUT/roles_lse.log"
-      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "gluon-roles" \
-        2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_bwd.py tests/gpu/test_gpu_expr.py -k "roles" \
-        2>&1 | tail -n 15 | tee -a "$OUT/roles_lse.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
-    ima-land)
-      # the three session-63 patches together as they would land (benchmarks/patches/ws_landing.diff:
-      # the proxy fence after the Gluon kernels' barrier inits, the packed backward's descriptors
-      # from the host, split roles' LSE wait): the bench rows they touch before and after, three
-      # processes at once in rounds before (2) and after (4), then the tests of the paths they change
-      rc=0; P=benchmarks/patches/ws_landing.diff
-      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
-        --out "$OUT/bench_land_docs_before.json" 2>&1 | tail -n 6 | tee "$OUT/ima_land.log"
-      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
-        --out "$OUT/bench_land_roles_before.json" 2>&1 | tail -n 8 | tee -a "$OUT/ima_land.log"
-      for round in 1 2; do repro3 "built round $round" ima_land --iters 2 --trace; done
-      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
-      for round in 1 2 3 4; do repro3 "landing round $round" ima_land --iters 2 --trace; done
-      grep "^landing" "$OUT/ima_land.txt" | grep -q "RESULT error\|no RESULT" && rc=1
-      python3 -m attngen.cli bench --mode fwdbwd --cases docs8-causal-8k --providers attngen,flex \
-        --out "$OUT/bench_land_docs_after.json" 2>&1 | tail -n 6 | tee -a "$OUT/ima_land.log"
-      python3 -m attngen.cli bench --mode fwdbwd --cases causal-hd256-4k,causal-hd192-4k --providers attngen,cudnn \
-        --out "$OUT/bench_land_roles_after.json" 2>&1 | tail -n 8 | tee -a "$OUT/ima_land.log"
-      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
-        tests/gpu/test_gpu_expr.py tests/gpu/test_gpu_bwd.py -k "backward or varlen or isolat or 20000_documents or roles" \
-        2>&1 | tail -n 30 | tee "$OUT/ima_land_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "(packed and bwd:gluon) or gluon-roles" \
-        2>&1 | tail -n 20 | tee -a "$OUT/ima_land_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
     ima-churn)
-      # the fault survived every change to the packed Gluon backward (ima-land). Is it the packing at
+      # the fault survived the fence, host descriptors and roles fix (session 64). Is it the packing at
       # all? The same kernels on a dense call with as many programs, each as short (B20000 H8 S64:
       # 160,000 dK/dV programs, as the 20,000 documents), against the packed call through the
       # Triton TMA backward (clean 6 of 6 in session 63), three processes at once
@@ -270,6 +176,35 @@ for step in "$@"; do
         repro3 "dense-short round $round" ima_churn --dense --dense-shape 20000,8,64 --iters 2 --trace
         [ "$round" -le 2 ] && repro3 "packed-tma round $round" ima_churn --bwd tma --iters 2 --trace
       done ;;
+    ima-inval)
+      # benchmarks/patches/ws_landing.diff applied as it would land (session 64: the fence after the
+      # Gluon kernels' barrier inits, the packed backward's descriptors from the host, split roles'
+      # LSE wait, every Gluon barrier invalidated once the partitions join, as Triton's own TMA
+      # lowering does) and generated/ rebuilt: the shipped pack first ($CALL_OUT at once, for the
+      # commit here), three-process rounds of the packed case, the pack tests, the grid's Gluon
+      # paths, the fp8 Gluon suite. Here afterwards: apply the patch, `attngen build specs/`, copy
+      # the pack into attngen/packs/, commit
+      rc=0; P=benchmarks/patches/ws_landing.diff
+      git apply "$P" 2>/dev/null || patch -s -p1 < "$P" || { echo "patch failed"; rc=1; }
+      python3 -m attngen.cli build specs/ > "$OUT/inval_build.log" 2>&1 || rc=1
+      python3 -m attngen.cli warmup specs/llama.yaml --seqlens 1024,4096,16384 --backward \
+        --pack "$OUT/sm90_llama.pack" > "$OUT/pack.log" 2>&1 || rc=1
+      [ -n "${CALL_OUT:-}" ] && cp "$OUT/sm90_llama.pack" "$OUT/pack.log" "$CALL_OUT/"
+      for round in 1 2 3 4; do
+        repro3 "inval round $round" ima_inval --iters 2 --trace
+        [ -n "${CALL_OUT:-}" ] && cp "$OUT/ima_inval.txt" "$CALL_OUT/"
+      done
+      grep -q "RESULT error\|no RESULT" "$OUT/ima_inval.txt" && rc=1
+      cp "$OUT/sm90_llama.pack" attngen/packs/sm90_llama.pack
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_packs.py 2>&1 | tail -n 8 | tee "$OUT/inval_tests.log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      [ -n "${CALL_OUT:-}" ] && cp "$OUT/inval_tests.log" "$CALL_OUT/"
+      python3 -m pytest -q -m "gpu or gpu_full" -n 4 -p no:cacheprovider tests/gpu/test_gpu_grid.py -k "gluon" \
+        2>&1 | tail -n 6 | tee -a "$OUT/inval_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      [ -n "${CALL_OUT:-}" ] && cp "$OUT/inval_tests.log" "$CALL_OUT/"
+      python3 -m pytest -q -m gpu -n 4 -p no:cacheprovider tests/gpu/test_gpu_fp8_ws.py \
+        2>&1 | tail -n 6 | tee -a "$OUT/inval_tests.log"; [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      git apply -R "$P" 2>/dev/null || patch -s -R -p1 < "$P" ;;
     land)
       # landing template patches needs a pack built from the patched kernels: apply them here as
       # the commit will (the same files render the same bytes: generated/ is deterministic), build,
@@ -393,7 +328,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | land | ima-land | ima-churn | ima-fence | ima-host | roles-lse | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | land | ima-churn | ima-inval | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1

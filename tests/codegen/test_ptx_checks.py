@@ -3,7 +3,7 @@ lines below are taken from the sm90 compiles of the Gluon backward over packed d
 a TMA copy through a descriptor the kernel made is flagged unless an acquire fence of its own
 warp-specialized stretch covered that address; host descriptors never are."""
 
-from attngen.bench.ptx import unfenced_barrier_inits, unfenced_descriptor_loads
+from attngen.bench.ptx import unfenced_barrier_inits, unfenced_descriptor_loads, uninvalidated_barriers
 
 # the entry: warp 0 of the first consumer makes a descriptor in global scratch and acquires it
 ENTRY = """
@@ -113,3 +113,12 @@ def test_a_copy_with_no_partitions_after_unfenced_inits_is_flagged_and_later_ini
     assert len(unfenced_barrier_inits(single)) == 1
     fenced = INITS.format(fence="\tfence.proxy.async.shared::cta;\n")
     assert len(unfenced_barrier_inits(fenced + single)) == 1  # the second run has no fence of its own
+
+
+def test_uninvalidated_barriers_counts_inits_without_an_inval():
+    inits = "\tmbarrier.init.shared::cta.b64 [%r1], 1;\n\tmbarrier.init.shared::cta.b64 [%r2], 2;\n"
+    assert uninvalidated_barriers(inits) == 2
+    one = inits + "\tmbarrier.inval.shared::cta.b64 [%r1];\n"
+    assert uninvalidated_barriers(one) == 1
+    assert uninvalidated_barriers(one + "\t@%p3 mbarrier.inval.shared::cta.b64 [%r2];\n") == 0
+    assert uninvalidated_barriers("\tbar.sync 0;\n") == 0
