@@ -31,10 +31,6 @@
 #   benchmarks/tools/gpu_pending.sh docs-tests    # ~250 s: the grid's packed Gluon cases (forced and full),
 #                                                 # the packed-document suites, the document edge cases
 #   benchmarks/tools/gpu_pending.sh bench-docs    # ~60 s: fwd+bwd of docs8-causal-8k, attngen and Flex
-#   benchmarks/tools/gpu_pending.sh decode-fused  # ~150 s: the decode merge inside the split kernel at
-#                                                 # run time (DecodeConfig.merge, session 61): the decode,
-#                                                 # raw-launch, graph and variant GPU tests, both forms
-#                                                 # per bench row (decode_merge_ab.py)
 #   benchmarks/tools/gpu_pending.sh decode-bench  # ~120 s: host µs a call (decode_host_ab.py), the decode
 #                                                 # bench on the shipped database
 #   benchmarks/tools/gpu_pending.sh hd64-m128     # ~200 s: hd64's backward default (the Gluon dK/dV pass
@@ -250,12 +246,6 @@ for step in "$@"; do
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_determinism_varlen.py tests/gpu/test_gpu_edges.py \
         -k "backward or varlen_documents or 20000_documents" 2>&1 | tail -n 40 | tee -a "$OUT/docs_tests.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    decode-fused)
-      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_decode.py tests/gpu/test_gpu_raw_launch.py \
-        tests/gpu/test_gpu_kvcache_api.py tests/gpu/test_gpu_kvcache_guard.py tests/gpu/test_gpu_graphs.py \
-        tests/gpu/test_gpu_codegen_variants.py 2>&1 | tail -n 40 | tee "$OUT/decode_fused_tests.log"; rc=${PIPESTATUS[0]}
-      python3 benchmarks/tools/decode_merge_ab.py --out "$OUT/ab_decode_merge.json" --rounds 2 \
-        > "$OUT/ab_decode_merge.log" 2>&1 || rc=1 ;;
     decode-bench)
       python3 benchmarks/tools/decode_host_ab.py > "$OUT/decode_host.txt" 2>&1 || rc=1
       python3 -m attngen.cli bench --mode decode --out "$OUT/bench_decode.json" 2>&1 | tail -n 30 \
@@ -328,7 +318,7 @@ for step in "$@"; do
         2>&1 | tee "$OUT/sanitizer_suites.log"; rc=${PIPESTATUS[0]}
       $S python3 -m pytest -v -m gpu -p no:cacheprovider $SUITES -k graph 2>&1 | tee "$OUT/sanitizer_suites_graphs.log"
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1 ;;
-    *) echo "unknown step $step (dq-lpt | pack | land | ima-churn | ima-inval | ima-desc | docs-tests | bench-docs | decode-fused | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
+    *) echo "unknown step $step (dq-lpt | pack | land | ima-churn | ima-inval | ima-desc | docs-tests | bench-docs | decode-bench | ima | ima-sweep | ima-bisect | tune-decode-h200 | hd64-m128 | ima-concurrent | sanitize | sanitize-suites)" >&2; status=2; continue ;;
   esac
   echo "$step: exit $rc in $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
   [ "$rc" -eq 0 ] || status=1
