@@ -169,7 +169,7 @@ for step in "$@"; do
       # Triton TMA backward (clean 6 of 6 in session 63), three processes at once
       rc=0
       for round in 1 2 3; do
-        repro3 "dense-short round $round" ima_churn --dense --dense-shape 20000,8,64 --iters 2 --trace
+        repro3 "dense-short round $round" ima_churn --dense --dense-shape 20000,8,64 --bwd gluon --iters 2 --trace
         [ "$round" -le 2 ] && repro3 "packed-tma round $round" ima_churn --bwd tma --iters 2 --trace
       done ;;
     ima-inval)

@@ -31,6 +31,9 @@ BWD = {
     "default": None,
     "pointer": (64, 64, 4, 2, 64, 64, 4, 2, {}),
     "tma": (64, 64, 4, 2, 128, 64, 8, 3, {"tma": True}),
+    # both Gluon passes (hd128's default, bwd_config.WS_BWD_DEFAULT), forced where a tuned winner
+    # or another bucket's default would pick otherwise
+    "gluon": (64, 128, 4, 2, 128, 64, 4, 3, {"tma": True, "consumers": 2, "dq_consumers": 2}),
 }
 
 
