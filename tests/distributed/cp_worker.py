@@ -67,6 +67,11 @@ def main(argv=None) -> int:
             results[case.name] = {n: x.cpu() for n, x in res.items()}
             times[case.name] = time.perf_counter() - t0
         torch.save({"results": results, "times": times}, f"{a.out}/rank{a.rank}.pt")
+        # no rank tears its group down while another still works: a peer that exits closes its
+        # gloo connections, and a rank still between its last collective and its save (seconds in
+        # the interpreter) died of that once under CI's load ("terminate called without an active
+        # exception", session 64)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
