@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from attngen.spec.expr import (BOOL, FLOAT, INT, Bin, BoolOp, Call, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var,
-                               sub, walk)
+from attngen.spec.expr import BOOL, FLOAT, INT, Bin, BoolOp, Call, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var, walk
+from attngen.spec.exprdiff import sub
 
 
 def _uses_any(n: Node, names) -> bool:

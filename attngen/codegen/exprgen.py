@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from attngen.codegen import exprcode as XC
 from attngen.codegen import exprranges as XR
 from attngen.spec import expr as X
+from attngen.spec import exprdiff as XD
 from attngen.spec.expr_terms import GradTerm, exact_d, grad_terms, mask_node, run_params, score_node  # noqa: F401
 from attngen.spec.model import KernelSpec
 
@@ -133,8 +134,8 @@ def score_tile(spec: KernelSpec, out: str, qk: str, rows: str = "rows", cols: st
     lines = [f"x_score = {qk} * (qk_scale * 0.6931471805599453)"]
     res = em.emit(node)
     tail = [f"{out} = {res} * 1.4426950408889634" + (f" - ({minus}){q_sfx}" if minus else "")]
-    if derivative and not X.is_identity_in_score(node):
-        d = X.diff(node, lambda m: isinstance(m, X.Var) and m.name == "score")
+    if derivative and not XD.is_identity_in_score(node):
+        d = XD.diff(node, lambda m: isinstance(m, X.Var) and m.name == "score")
         tail.append(f"{out}_dmod = {em.emit(d)}")
     return "\n".join(lines + em.lines + tail)
 
@@ -290,7 +291,7 @@ def gluon(code: str, on: bool = True) -> str:
 
 def has_dmod(spec: KernelSpec) -> bool:
     node = score_node(spec)
-    return node is not None and not X.is_identity_in_score(node)
+    return node is not None and not XD.is_identity_in_score(node)
 
 
 def _box(row_lo: str, row_hi: str, heads: bool, var: str, col_lo: str = "", col_hi: str = "") -> dict:
@@ -399,7 +400,7 @@ def grad_update(spec: KernelSpec, ds: str, p: str = "p", dp: str = "dp") -> str:
     node = score_node(spec)
     em = XC.Emitter(_tile_names("rows", "cols", False, False), _load(spec), "xq_")
     for t in terms:
-        d = em.emit(X.diff(node, lambda m, o=t.node: m == o))
+        d = em.emit(XD.diff(node, lambda m, o=t.node: m == o))
         lines += em.lines
         em.lines = []
         g = f"xgt{t.index}"

@@ -6,7 +6,8 @@ linear); and whether a loop must test each tile (needs_tile_skip, gathers_along)
 from __future__ import annotations
 
 from attngen.codegen.exprcode import Bounds
-from attngen.spec.expr import (INT, Bin, BoolOp, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var, add, const, mul, neg, sub, uses, walk)
+from attngen.spec.expr import INT, Bin, BoolOp, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var, const, uses, walk
+from attngen.spec.exprdiff import add, mul, neg, sub
 from attngen.spec.expr_terms import key_reach, run_pattern
 
 
