@@ -77,11 +77,7 @@ _INVAL = re.compile(r"\bmbarrier\.inval\.")
 
 def uninvalidated_barriers(ptx: str) -> int:
     """`mbarrier.init` instructions in excess of `mbarrier.inval` ones (0: each one invalidated)."""
-    inits = invals = 0
-    for line in ptx.splitlines():
-        inits += bool(_INIT.search(line))
-        invals += bool(_INVAL.search(line))
-    return max(inits - invals, 0)
+    return max(len(_INIT.findall(ptx)) - len(_INVAL.findall(ptx)), 0)
 
 
 def unfenced_barrier_inits(ptx: str) -> list[str]:

@@ -15,10 +15,10 @@ q_idx is a query's position on the key axis: its row plus (seqlen_k - seqlen_q) 
 alignment (the default), its row under top-left alignment; with equal lengths both are the row.
 
 This module parses and checks expressions into trees and gives their canonical text (a kernel's
-identity); their simplifying constructors and symbolic derivatives (`diff`: the backward's dS and
-the gradients of learnable parameters) are attngen.spec.exprdiff. Their PyTorch evaluation (the float64 references) is attngen.spec.expr_eval; their
-Triton code (tile statements, interval bounds) attngen.codegen.exprcode, loop ranges
-attngen.codegen.exprranges. Pure Python.
+identity). Their simplifying constructors and symbolic derivatives (`diff`: the backward's dS and
+the gradients of learnable parameters) are attngen.spec.exprdiff, their PyTorch evaluation (the
+float64 references) attngen.spec.expr_eval, their Triton code (tile statements, interval bounds)
+attngen.codegen.exprcode, loop ranges attngen.codegen.exprranges. Pure Python.
 """
 
 from __future__ import annotations

@@ -8,8 +8,14 @@ from typing import Callable
 
 from attngen.spec.expr import BOOL, FLOAT, INT, Bin, BoolOp, Call, Cmp, Const, IfExp, Neg, Node, Not, Sub, Var, const
 
+
 def _is(n: Node, v) -> bool:
     return isinstance(n, Const) and not isinstance(n.value, bool) and n.value == v
+
+
+def _arith(op: str, a: Node, b: Node) -> Bin:
+    """a op b, a float when either side is one."""
+    return Bin(FLOAT if FLOAT in (a.ty, b.ty) else INT, op, a, b)
 
 
 def add(a: Node, b: Node) -> Node:
@@ -17,7 +23,7 @@ def add(a: Node, b: Node) -> Node:
         return b
     if _is(b, 0):
         return a
-    return Bin(FLOAT if FLOAT in (a.ty, b.ty) else INT, "+", a, b)
+    return _arith("+", a, b)
 
 
 def sub(a: Node, b: Node) -> Node:
@@ -25,7 +31,7 @@ def sub(a: Node, b: Node) -> Node:
         return a
     if _is(a, 0):
         return neg(b)
-    return Bin(FLOAT if FLOAT in (a.ty, b.ty) else INT, "-", a, b)
+    return _arith("-", a, b)
 
 
 def mul(a: Node, b: Node) -> Node:
@@ -35,7 +41,7 @@ def mul(a: Node, b: Node) -> Node:
         return b
     if _is(b, 1):
         return a
-    return Bin(FLOAT if FLOAT in (a.ty, b.ty) else INT, "*", a, b)
+    return _arith("*", a, b)
 
 
 def div(a: Node, b: Node) -> Node:

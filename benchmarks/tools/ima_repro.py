@@ -31,9 +31,8 @@ BWD = {
     "default": None,
     "pointer": (64, 64, 4, 2, 64, 64, 4, 2, {}),
     "tma": (64, 64, 4, 2, 128, 64, 8, 3, {"tma": True}),
-    # both Gluon passes (hd128's default, bwd_config.WS_BWD_DEFAULT), forced where a tuned winner
-    # or another bucket's default would pick otherwise
-    "gluon": (64, 128, 4, 2, 128, 64, 4, 3, {"tma": True, "consumers": 2, "dq_consumers": 2}),
+    # both Gluon passes, forced where a tuned winner or another bucket's default would pick otherwise
+    "gluon": "WS_BWD_DEFAULT",  # attngen.families.bwd_config's, hd128's default
 }
 
 
@@ -100,7 +99,11 @@ def main() -> int:
     forced = {}
     if FWD[args.fwd] is not None:
         forced["fwd"] = FwdConfig(**FWD[args.fwd])
-    if BWD[args.bwd] is not None:
+    if isinstance(BWD[args.bwd], str):
+        from attngen.families import bwd_config
+
+        forced["bwd"] = getattr(bwd_config, BWD[args.bwd])
+    elif BWD[args.bwd] is not None:
         *nums, kw = BWD[args.bwd]
         forced["bwd"] = BwdConfig(*nums, **kw)
     dev, L, H, D = args.device, 64, 8, 128
